@@ -1,0 +1,35 @@
+//! Compiles Picket's .proto files into Rust with `protox`, a pure-Rust protobuf compiler, so that
+//! a fresh machine builds with cargo alone and needs no `protoc`.
+
+use std::env;
+use std::error::Error;
+use std::fs;
+use std::path::PathBuf;
+
+use protox::prost::Message as _;
+
+/// Every file to compile, relative to the include root `proto/`. Imports resolve against the
+/// same root, so each file is named by the path other files import it with.
+const PROTOS: &[&str] = &[
+    "etcd/mvccpb/kv.proto",
+    "etcd/authpb/auth.proto",
+    "etcd/etcdserverpb/rpc.proto",
+    "etcd/v3lockpb/v3lock.proto",
+    "etcd/v3electionpb/v3election.proto",
+    "picket/raft/v1/raft.proto",
+    "picket/storage/v1/storage.proto",
+];
+
+fn main() -> Result<(), Box<dyn Error>> {
+    println!("cargo:rerun-if-changed=proto");
+
+    let fds = protox::compile(PROTOS, ["proto"])?;
+
+    // prost-build writes a descriptor set only when it runs protoc itself, so encode ours here
+    // for `FILE_DESCRIPTOR_SET` (gRPC reflection).
+    let out_dir = PathBuf::from(env::var("OUT_DIR")?);
+    fs::write(out_dir.join("file_descriptor_set.bin"), fds.encode_to_vec())?;
+
+    tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! `etcdserverpb.KV`: Range, Put, DeleteRange, Txn, Compact.
+
+use std::sync::Arc;
+
+use picket_proto::etcdserverpb::kv_server::Kv;
+use picket_proto::etcdserverpb::{
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
+};
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
+use tonic::{Request, Response, Status};
+
+use super::status::mvcc_status;
+use super::{unexpected, Ctx};
+use crate::mvcc::validate;
+
+pub struct KvService {
+    ctx: Arc<Ctx>,
+}
+
+impl KvService {
+    pub fn new(ctx: Arc<Ctx>) -> Self {
+        Self { ctx }
+    }
+}
+
+/// Serves a range from the local store (after a read barrier unless serializable).
+pub async fn range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse, Status> {
+    validate::range(&req).map_err(|e| mvcc_status(&e))?;
+    if !req.serializable {
+        ctx.read_barrier().await?;
+    }
+    let mut resp = ctx.sm.with_store(|s| s.range(&req)).map_err(|e| mvcc_status(&e))?;
+    ctx.stamp(&mut resp.header);
+    Ok(resp)
+}
+
+#[tonic::async_trait]
+impl Kv for KvService {
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
+        let req = req.into_inner();
+        self.ctx.check_size(&req)?;
+        range(&self.ctx, req).await.map(Response::new)
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let req = req.into_inner();
+        self.ctx.check_size(&req)?;
+        validate::put(&req).map_err(|e| mvcc_status(&e))?;
+        match self.ctx.propose(Cmd::Put(req)).await? {
+            CmdResult::Put(mut r) => {
+                self.ctx.stamp(&mut r.header);
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected("put")),
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn delete_range(
+        &self,
+        req: Request<DeleteRangeRequest>,
+    ) -> Result<Response<DeleteRangeResponse>, Status> {
+        let req = req.into_inner();
+        self.ctx.check_size(&req)?;
+        validate::delete_range(&req).map_err(|e| mvcc_status(&e))?;
+        match self.ctx.propose(Cmd::DeleteRange(req)).await? {
+            CmdResult::DeleteRange(mut r) => {
+                self.ctx.stamp(&mut r.header);
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected("delete_range")),
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let req = req.into_inner();
+        self.ctx.check_size(&req)?;
+        validate::txn(&req, self.ctx.max_txn_ops).map_err(|e| mvcc_status(&e))?;
+        match self.ctx.propose(Cmd::Txn(req)).await? {
+            CmdResult::Txn(mut r) => {
+                self.ctx.stamp(&mut r.header);
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected("txn")),
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn compact(
+        &self,
+        req: Request<CompactionRequest>,
+    ) -> Result<Response<CompactionResponse>, Status> {
+        let req = req.into_inner();
+        match self.ctx.propose(Cmd::Compaction(req)).await? {
+            CmdResult::Compaction(mut r) => {
+                self.ctx.stamp(&mut r.header);
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected("compact")),
+        }
+    }
+}

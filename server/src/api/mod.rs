@@ -1,0 +1,80 @@
+//! Client-facing gRPC services (etcd v3 API). Handlers validate, turn writes into Raft
+//! commands through the [`Proposer`], serve reads from the local MVCC store after a read
+//! barrier, and stamp every response with a [`ResponseHeader`]. Errors become statuses only in
+//! [`status`].
+
+pub mod kv;
+pub mod status;
+
+use std::sync::Arc;
+
+use picket_proto::etcdserverpb::ResponseHeader;
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
+use picket_proto::picket::raft::v1::RaftCommand;
+use prost::Message;
+use tonic::Status;
+
+use crate::raft::proposer::Proposer;
+use crate::raft::types::Command;
+use crate::storage::state_machine::Shared;
+
+/// What every handler needs: identity, the replicated state and the way to change it.
+pub struct Ctx {
+    pub cluster_id: u64,
+    pub member_id: u64,
+    pub sm: Arc<Shared>,
+    pub proposer: Proposer,
+    pub max_request_bytes: usize,
+    pub max_txn_ops: usize,
+}
+
+impl Ctx {
+    /// A header for a response served at store revision `revision`.
+    pub fn header(&self, revision: i64) -> ResponseHeader {
+        ResponseHeader {
+            cluster_id: self.cluster_id,
+            member_id: self.member_id,
+            revision,
+            raft_term: self.proposer.raft().metrics().borrow().current_term,
+        }
+    }
+
+    /// Completes a header that `mvcc` filled with the revision (or none: current revision).
+    pub fn stamp(&self, header: &mut Option<ResponseHeader>) {
+        let revision = header.as_ref().map(|h| h.revision).unwrap_or_else(|| self.sm.revision());
+        *header = Some(self.header(revision));
+    }
+
+    /// Rejects requests larger than `--max-request-bytes` with etcd's error.
+    pub fn check_size<M: Message>(&self, req: &M) -> Result<(), Status> {
+        if req.encoded_len() > self.max_request_bytes {
+            return Err(status::request_too_large());
+        }
+        Ok(())
+    }
+
+    /// Replicates a command and returns its result, mapping a replicated error to its status.
+    pub async fn propose(&self, cmd: Cmd) -> Result<CmdResult, Status> {
+        let result = self
+            .proposer
+            .propose(Command(RaftCommand { cmd: Some(cmd) }))
+            .await
+            .map_err(status::propose_status)?;
+        match result.result {
+            Some(CmdResult::Error(e)) => Err(status::command_error_status(&e)),
+            Some(r) => Ok(r),
+            None => Err(Status::internal("picket: empty command result")),
+        }
+    }
+
+    /// Waits until local reads are linearizable (ReadIndex through the leader).
+    pub async fn read_barrier(&self) -> Result<(), Status> {
+        self.proposer.read_barrier().await.map_err(status::propose_status)
+    }
+}
+
+/// The status for a command result of the wrong kind: a bug, never a user error.
+pub(crate) fn unexpected(what: &str) -> Status {
+    Status::internal(format!("picket: unexpected command result for {what}"))
+}

@@ -1,0 +1,90 @@
+//! The one place where Picket errors become gRPC statuses (etcd's `toGRPCErrorMap`). Clients
+//! match etcd errors by code and exact message text, so the texts below are etcd's verbatim.
+
+use tonic::{Code, Status};
+
+use crate::lease::LeaseError;
+use crate::mvcc::MvccError;
+use crate::raft::proposer::ProposeError;
+use picket_proto::picket::raft::v1::CommandError;
+
+pub const ERR_REQUEST_TOO_LARGE: &str = "etcdserver: request is too large";
+
+/// Maps an MVCC error to etcd's status.
+pub fn mvcc_status(e: &MvccError) -> Status {
+    let (code, msg): (Code, String) = match e {
+        MvccError::Compacted => {
+            (Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted".into())
+        }
+        MvccError::FutureRevision => {
+            (Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision".into())
+        }
+        MvccError::LeaseNotFound(_) => {
+            (Code::NotFound, "etcdserver: requested lease not found".into())
+        }
+        MvccError::KeyNotFound => (Code::InvalidArgument, "etcdserver: key not found".into()),
+        MvccError::KeyNotProvided => {
+            (Code::InvalidArgument, "etcdserver: key is not provided".into())
+        }
+        MvccError::TooManyOps => {
+            (Code::InvalidArgument, "etcdserver: too many operations in txn request".into())
+        }
+        MvccError::DuplicateKey => {
+            (Code::InvalidArgument, "etcdserver: duplicate key given in txn request".into())
+        }
+        MvccError::ValueProvided => (Code::InvalidArgument, "etcdserver: value is provided".into()),
+        MvccError::LeaseProvided => (Code::InvalidArgument, "etcdserver: lease is provided".into()),
+        other => (Code::Internal, format!("picket: storage failure: {other}")),
+    };
+    Status::new(code, msg)
+}
+
+/// Whether an MVCC error means the node's storage failed, rather than a deterministic outcome
+/// of the command. Such errors stop the node (openraft `Fatal`).
+pub fn mvcc_is_fatal(e: &MvccError) -> bool {
+    matches!(e, MvccError::Engine(_) | MvccError::Corrupt(_))
+}
+
+pub fn lease_status(e: &LeaseError) -> Status {
+    let code = match e {
+        LeaseError::NotFound => Code::NotFound,
+        LeaseError::AlreadyExists => Code::FailedPrecondition,
+        LeaseError::TtlTooLarge => Code::OutOfRange,
+    };
+    Status::new(code, e.to_string())
+}
+
+pub fn propose_status(e: ProposeError) -> Status {
+    e.into_status()
+}
+
+/// A replicated command's error, back to a status.
+pub fn command_error_status(e: &CommandError) -> Status {
+    Status::new(Code::from_i32(e.code as i32), e.message.clone())
+}
+
+pub fn request_too_large() -> Status {
+    Status::invalid_argument(ERR_REQUEST_TOO_LARGE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn etcd_texts() {
+        let s = mvcc_status(&MvccError::Compacted);
+        assert_eq!(s.code(), Code::OutOfRange);
+        assert_eq!(s.message(), "etcdserver: mvcc: required revision has been compacted");
+        let s = lease_status(&LeaseError::NotFound);
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::NotFound, "etcdserver: requested lease not found")
+        );
+        let s = command_error_status(&CommandError {
+            code: Code::OutOfRange as u32,
+            message: "x".into(),
+        });
+        assert_eq!(s.code(), Code::OutOfRange);
+    }
+}

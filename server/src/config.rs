@@ -1,0 +1,314 @@
+//! Server configuration: one clap struct whose flag names match etcd's, so operators and
+//! scripts that start etcd can start Picket the same way. Every flag can also come from an
+//! environment variable `PICKET_<FLAG>` (etcd uses `ETCD_<FLAG>`).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use thiserror::Error;
+
+/// etcd's default member name.
+pub const DEFAULT_NAME: &str = "default";
+pub const DEFAULT_CLIENT_URL: &str = "http://localhost:2379";
+pub const DEFAULT_PEER_URL: &str = "http://localhost:2380";
+/// etcd's default `--max-request-bytes`: 1.5 MiB.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// etcd's default `--max-txn-ops`.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// etcd's defaults: 100 ms heartbeat, 1000 ms election timeout.
+pub const DEFAULT_HEARTBEAT_MS: u64 = 100;
+pub const DEFAULT_ELECTION_MS: u64 = 1000;
+/// Applied entries between snapshots (etcd 3.5 `--snapshot-count`).
+pub const DEFAULT_SNAPSHOT_COUNT: u64 = 10_000;
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "picketd",
+    version,
+    about = "Picket: a Raft-replicated coordination service speaking the etcd v3 API"
+)]
+pub struct Config {
+    /// Human-readable name of this member; also determines its member id.
+    #[arg(long, env = "PICKET_NAME", default_value = DEFAULT_NAME)]
+    pub name: String,
+
+    /// Where this member keeps its data (Raft log, state machine, snapshots).
+    /// Defaults to `<name>.picket` in the working directory.
+    #[arg(long = "data-dir", env = "PICKET_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Comma-separated URLs to serve clients on.
+    #[arg(long = "listen-client-urls", env = "PICKET_LISTEN_CLIENT_URLS", default_value = DEFAULT_CLIENT_URL)]
+    pub listen_client_urls: String,
+
+    /// Comma-separated client URLs advertised to the rest of the cluster and to clients.
+    /// Defaults to the listen client URLs.
+    #[arg(long = "advertise-client-urls", env = "PICKET_ADVERTISE_CLIENT_URLS")]
+    pub advertise_client_urls: Option<String>,
+
+    /// Comma-separated URLs to serve peers (Raft traffic) on.
+    #[arg(long = "listen-peer-urls", env = "PICKET_LISTEN_PEER_URLS", default_value = DEFAULT_PEER_URL)]
+    pub listen_peer_urls: String,
+
+    /// Comma-separated peer URLs advertised to the rest of the cluster.
+    /// Defaults to the listen peer URLs.
+    #[arg(long = "initial-advertise-peer-urls", env = "PICKET_INITIAL_ADVERTISE_PEER_URLS")]
+    pub initial_advertise_peer_urls: Option<String>,
+
+    /// Initial cluster configuration for bootstrapping: `name1=url1,name2=url2,...`.
+    /// Defaults to `<name>=<initial-advertise-peer-urls>` (a single-node cluster).
+    #[arg(long = "initial-cluster", env = "PICKET_INITIAL_CLUSTER")]
+    pub initial_cluster: Option<String>,
+
+    /// `new` to bootstrap a new cluster, `existing` to join one (used with member add).
+    #[arg(
+        long = "initial-cluster-state",
+        env = "PICKET_INITIAL_CLUSTER_STATE",
+        default_value = "new"
+    )]
+    pub initial_cluster_state: String,
+
+    /// Token mixed into the cluster id so separate clusters with the same members differ.
+    #[arg(
+        long = "initial-cluster-token",
+        env = "PICKET_INITIAL_CLUSTER_TOKEN",
+        default_value = "picket-cluster"
+    )]
+    pub initial_cluster_token: String,
+
+    /// Raft heartbeat interval in milliseconds.
+    #[arg(long = "heartbeat-interval", env = "PICKET_HEARTBEAT_INTERVAL", default_value_t = DEFAULT_HEARTBEAT_MS)]
+    pub heartbeat_interval_ms: u64,
+
+    /// Raft election timeout in milliseconds (randomized between this and twice this).
+    #[arg(long = "election-timeout", env = "PICKET_ELECTION_TIMEOUT", default_value_t = DEFAULT_ELECTION_MS)]
+    pub election_timeout_ms: u64,
+
+    /// Number of applied entries after which a snapshot is taken and the log purged behind it.
+    #[arg(long = "snapshot-count", env = "PICKET_SNAPSHOT_COUNT", default_value_t = DEFAULT_SNAPSHOT_COUNT)]
+    pub snapshot_count: u64,
+
+    /// Largest client request accepted, in bytes.
+    #[arg(long = "max-request-bytes", env = "PICKET_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: usize,
+
+    /// Largest number of operations in one transaction (each branch counted separately).
+    #[arg(long = "max-txn-ops", env = "PICKET_MAX_TXN_OPS", default_value_t = DEFAULT_MAX_TXN_OPS)]
+    pub max_txn_ops: usize,
+
+    /// Log filter, in `tracing_subscriber::EnvFilter` syntax (e.g. `info`, `picket_server=debug`).
+    #[arg(long = "log-level", env = "PICKET_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    #[error("invalid URL {url:?} in --{flag}: {reason}")]
+    BadUrl { flag: &'static str, url: String, reason: String },
+    #[error("invalid --initial-cluster entry {0:?}: expected name=url")]
+    BadClusterEntry(String),
+    #[error("--initial-cluster does not contain this member's name {0:?}")]
+    NameNotInCluster(String),
+    #[error("--initial-cluster names {0:?} twice")]
+    DuplicateName(String),
+    #[error("--initial-cluster-state must be `new` or `existing`, not {0:?}")]
+    BadClusterState(String),
+    #[error("--election-timeout ({election} ms) must be at least 5 times --heartbeat-interval ({heartbeat} ms)")]
+    BadTimeouts { heartbeat: u64, election: u64 },
+    #[error("--{0} must be greater than zero")]
+    Zero(&'static str),
+}
+
+/// One member of the initial cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InitialMember {
+    pub name: String,
+    pub peer_urls: Vec<String>,
+}
+
+fn split_urls(s: &str) -> Vec<String> {
+    s.split(',').map(str::trim).filter(|u| !u.is_empty()).map(str::to_string).collect()
+}
+
+/// Resolves an `http://host:port` URL to a socket address to bind.
+pub fn url_to_addr(flag: &'static str, url: &str) -> Result<SocketAddr, ConfigError> {
+    let bad = |reason: &str| ConfigError::BadUrl {
+        flag,
+        url: url.to_string(),
+        reason: reason.to_string(),
+    };
+    let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+    if parsed.scheme() != "http" {
+        return Err(bad("only http:// is supported (TLS is not implemented yet)"));
+    }
+    let host = parsed.host_str().ok_or_else(|| bad("no host"))?;
+    let port = parsed.port().ok_or_else(|| bad("no port"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    (host, port)
+        .to_socket_addrs()
+        .map_err(|e| bad(&e.to_string()))?
+        .next()
+        .ok_or_else(|| bad("host does not resolve"))
+}
+
+impl Config {
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir.clone().unwrap_or_else(|| PathBuf::from(format!("{}.picket", self.name)))
+    }
+
+    pub fn client_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+        split_urls(&self.listen_client_urls)
+            .iter()
+            .map(|u| url_to_addr("listen-client-urls", u))
+            .collect()
+    }
+
+    pub fn peer_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+        split_urls(&self.listen_peer_urls)
+            .iter()
+            .map(|u| url_to_addr("listen-peer-urls", u))
+            .collect()
+    }
+
+    pub fn advertise_client_urls(&self) -> Vec<String> {
+        split_urls(self.advertise_client_urls.as_deref().unwrap_or(&self.listen_client_urls))
+    }
+
+    pub fn advertise_peer_urls(&self) -> Vec<String> {
+        split_urls(self.initial_advertise_peer_urls.as_deref().unwrap_or(&self.listen_peer_urls))
+    }
+
+    /// Parses `--initial-cluster`, in its order. A name may appear with several URLs
+    /// (`a=u1,a=u2`), as in etcd.
+    pub fn initial_members(&self) -> Result<Vec<InitialMember>, ConfigError> {
+        let spec = match &self.initial_cluster {
+            Some(s) => s.clone(),
+            None => format!(
+                "{}={}",
+                self.name,
+                self.advertise_peer_urls().join(&format!(",{}=", self.name))
+            ),
+        };
+        let mut members: Vec<InitialMember> = Vec::new();
+        for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (name, url) = entry
+                .split_once('=')
+                .ok_or_else(|| ConfigError::BadClusterEntry(entry.to_string()))?;
+            if name.is_empty() || url.is_empty() {
+                return Err(ConfigError::BadClusterEntry(entry.to_string()));
+            }
+            url_to_addr("initial-cluster", url)?;
+            match members.iter_mut().find(|m| m.name == name) {
+                Some(m) => m.peer_urls.push(url.to_string()),
+                None => members.push(InitialMember {
+                    name: name.to_string(),
+                    peer_urls: vec![url.to_string()],
+                }),
+            }
+        }
+        Ok(members)
+    }
+
+    pub fn heartbeat_interval(&self) -> Duration {
+        Duration::from_millis(self.heartbeat_interval_ms)
+    }
+
+    pub fn election_timeout(&self) -> Duration {
+        Duration::from_millis(self.election_timeout_ms)
+    }
+
+    /// How long a client request may wait for Raft before failing with `request timed out`:
+    /// etcd's `5s + 2 * election timeout`, enough to ride out one leader election.
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_secs(5) + 2 * self.election_timeout()
+    }
+
+    /// Checks everything that can be checked before touching the disk or the network.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.client_listen_addrs()?;
+        self.peer_listen_addrs()?;
+        for u in self.advertise_peer_urls() {
+            url_to_addr("initial-advertise-peer-urls", &u)?;
+        }
+        let members = self.initial_members()?;
+        if !members.iter().any(|m| m.name == self.name) {
+            return Err(ConfigError::NameNotInCluster(self.name.clone()));
+        }
+        let mut names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(ConfigError::DuplicateName(w[0].to_string()));
+        }
+        if self.initial_cluster_state != "new" && self.initial_cluster_state != "existing" {
+            return Err(ConfigError::BadClusterState(self.initial_cluster_state.clone()));
+        }
+        if self.heartbeat_interval_ms == 0 {
+            return Err(ConfigError::Zero("heartbeat-interval"));
+        }
+        if self.election_timeout_ms < 5 * self.heartbeat_interval_ms {
+            return Err(ConfigError::BadTimeouts {
+                heartbeat: self.heartbeat_interval_ms,
+                election: self.election_timeout_ms,
+            });
+        }
+        if self.snapshot_count == 0 {
+            return Err(ConfigError::Zero("snapshot-count"));
+        }
+        if self.max_request_bytes == 0 {
+            return Err(ConfigError::Zero("max-request-bytes"));
+        }
+        if self.max_txn_ops == 0 {
+            return Err(ConfigError::Zero("max-txn-ops"));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Config {
+        Config::parse_from(std::iter::once("picketd").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults_form_a_single_node_cluster() {
+        let c = parse(&[]);
+        c.validate().expect("defaults are valid");
+        let m = c.initial_members().expect("members");
+        assert_eq!(
+            m,
+            vec![InitialMember {
+                name: "default".into(),
+                peer_urls: vec![DEFAULT_PEER_URL.into()]
+            }]
+        );
+        assert_eq!(c.data_dir(), PathBuf::from("default.picket"));
+    }
+
+    #[test]
+    fn three_node_cluster_and_errors() {
+        let c = parse(&[
+            "--name",
+            "b",
+            "--initial-cluster",
+            "a=http://127.0.0.1:1,b=http://127.0.0.1:2,c=http://127.0.0.1:3",
+            "--listen-peer-urls",
+            "http://127.0.0.1:2",
+        ]);
+        c.validate().expect("valid");
+        assert_eq!(c.initial_members().expect("members").len(), 3);
+        let bad = parse(&["--name", "z", "--initial-cluster", "a=http://127.0.0.1:1"]);
+        assert!(matches!(bad.validate(), Err(ConfigError::NameNotInCluster(_))));
+        let bad = parse(&["--initial-cluster", "default"]);
+        assert!(matches!(bad.validate(), Err(ConfigError::BadClusterEntry(_))));
+        let bad = parse(&["--listen-client-urls", "https://127.0.0.1:5"]);
+        assert!(matches!(bad.validate(), Err(ConfigError::BadUrl { .. })));
+        let bad = parse(&["--election-timeout", "200"]);
+        assert!(matches!(bad.validate(), Err(ConfigError::BadTimeouts { .. })));
+    }
+}

@@ -1,0 +1,17 @@
+//! Picket server library: a Raft-replicated MVCC key-value store speaking the etcd v3 API.
+//!
+//! Layers, from the wire down:
+//! - [`api`]: tonic services; validation; errors to statuses in one place.
+//! - [`raft`]: openraft types, peer network and service, proposal forwarding, bootstrap.
+//! - [`storage`]: RocksDB engine, the Raft log store, the state machine (decode and dispatch
+//!   only) and snapshots.
+//! - [`mvcc`], [`lease`]: the replicated data model. They never import openraft and never read
+//!   clocks, so apply is deterministic.
+
+pub mod api;
+pub mod config;
+pub mod lease;
+pub mod mvcc;
+pub mod node;
+pub mod raft;
+pub mod storage;

@@ -1,0 +1,177 @@
+//! The write side: an [`ApplyBatch`] spans every command of one Raft `apply()` call.
+//!
+//! Commands accumulate in an in-memory overlay that later commands read through, and
+//! [`ApplyBatch::commit`] writes the whole overlay as one engine batch together with the
+//! revision counters and whatever the state machine added with [`ApplyBatch::put_raw`] (last
+//! applied log id, membership, lease records). A crash therefore leaves either all of an
+//! `apply()` call on disk or none of it. Dropping a batch without committing discards it.
+
+use picket_proto::etcdserverpb::{
+    CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
+    PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
+};
+use picket_proto::mvccpb::Event;
+use picket_proto::picket::storage::v1::RevisionEvents;
+use prost::Message;
+
+use super::compact::compaction_deletes;
+use super::error::MvccError;
+use super::keys;
+use super::overlay::{Layered, Overlay};
+use super::request::{header, Request};
+use super::store::MvccStore;
+use super::{read, txn, LeaseLookup};
+use crate::storage::engine::{Cf, Engine, ReadView};
+
+/// Writes of one Raft `apply()` call; see the module docs. Created by
+/// [`MvccStore::begin_apply`].
+pub struct ApplyBatch<'s, E: Engine> {
+    store: &'s mut MvccStore<E>,
+    overlay: Overlay,
+    revision: i64,
+    compacted: i64,
+    events: Vec<(i64, Vec<Event>)>,
+}
+
+impl<'s, E: Engine> ApplyBatch<'s, E> {
+    pub(crate) fn new(store: &'s mut MvccStore<E>) -> Self {
+        let (revision, compacted) = (store.revision(), store.compact_revision());
+        Self { store, overlay: Overlay::default(), revision, compacted, events: Vec::new() }
+    }
+
+    /// The store revision including the requests applied so far in this batch.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// The compaction point including compactions applied so far in this batch (-1 if the
+    /// store was never compacted).
+    pub fn compact_revision(&self) -> i64 {
+        self.compacted
+    }
+
+    fn view(&self) -> Layered<'_> {
+        Layered { base: self.store.engine(), top: &self.overlay }
+    }
+
+    /// Runs one request in its own layer; keeps its writes (and takes its revision) only if it
+    /// succeeds.
+    fn run<T>(
+        &mut self,
+        f: impl FnOnce(&mut Request<'_>) -> Result<T, MvccError>,
+    ) -> Result<T, MvccError> {
+        let (out, mut layer, changes) = {
+            let base = self.view();
+            let mut req = Request::new(&base, self.revision, self.compacted);
+            let out = f(&mut req)?;
+            (out, req.layer, req.changes)
+        };
+        if !changes.is_empty() {
+            let rev = self.revision + 1;
+            let record = RevisionEvents { events: changes.clone() };
+            layer.put(Cf::Changelog, keys::changelog_key(rev).to_vec(), record.encode_to_vec());
+            self.revision = rev;
+            self.events.push((rev, changes));
+            tracing::trace!(revision = rev, "request applied");
+        }
+        self.overlay.absorb(layer);
+        Ok(out)
+    }
+
+    /// etcd Put. `leases` says which leases exist.
+    pub fn put(
+        &mut self,
+        req: &PutRequest,
+        leases: &dyn LeaseLookup,
+    ) -> Result<PutResponse, MvccError> {
+        self.run(|r| r.put(req, leases, true))
+    }
+
+    /// etcd DeleteRange. Deleting nothing takes no revision.
+    pub fn delete_range(
+        &mut self,
+        req: &DeleteRangeRequest,
+    ) -> Result<DeleteRangeResponse, MvccError> {
+        self.run(|r| r.delete_range(req))
+    }
+
+    /// etcd Txn (see [`crate::mvcc`] for the rules). All writes share one revision; a txn that
+    /// writes nothing takes none.
+    pub fn txn(
+        &mut self,
+        req: &TxnRequest,
+        leases: &dyn LeaseLookup,
+    ) -> Result<TxnResponse, MvccError> {
+        self.run(|r| txn::txn(r, req, leases))
+    }
+
+    /// A Range that sees this batch's writes.
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, MvccError> {
+        read::range(&self.view(), req, self.revision, self.compacted)
+    }
+
+    /// etcd Compact: records the new compaction point and drops, in this batch, the history no
+    /// revision at or after it can show. The response header has the current revision.
+    pub fn compact(&mut self, req: &CompactionRequest) -> Result<CompactionResponse, MvccError> {
+        let rev = req.revision;
+        if rev <= self.compacted {
+            return Err(MvccError::Compacted);
+        }
+        if rev > self.revision {
+            return Err(MvccError::FutureRevision);
+        }
+        let deletes = compaction_deletes(&self.view(), self.compacted, rev)?;
+        self.overlay.absorb(deletes);
+        tracing::info!(revision = rev, previous = self.compacted, "compacted");
+        self.compacted = rev;
+        Ok(CompactionResponse { header: header(self.revision) })
+    }
+
+    /// Deletes every key attached to `lease`, all in one new revision (none if there are no
+    /// such keys). Returns the deleted keys in key order. The lease record itself is the
+    /// caller's (see [`ApplyBatch::delete_raw`]).
+    pub fn revoke_lease_keys(&mut self, lease: i64) -> Result<Vec<Vec<u8>>, MvccError> {
+        self.run(|r| r.revoke_lease_keys(lease))
+    }
+
+    /// Reads a record of a non-MVCC column family, seeing this batch's writes.
+    pub fn get_raw(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, MvccError> {
+        Ok(self.view().get(cf, key)?)
+    }
+
+    /// Writes a record in the same engine batch. Meant for the state machine's own records
+    /// (`Cf::Meta` keys outside `mvcc/`, `Cf::Lease`); the MVCC column families (`Kv`,
+    /// `Changelog`, `LeaseKeys`) and the `mvcc/` meta keys belong to this module.
+    pub fn put_raw(&mut self, cf: Cf, key: &[u8], value: &[u8]) {
+        self.overlay.put(cf, key.to_vec(), value.to_vec());
+    }
+
+    /// Deletes a record in the same engine batch; see [`ApplyBatch::put_raw`].
+    pub fn delete_raw(&mut self, cf: Cf, key: &[u8]) {
+        self.overlay.delete(cf, key.to_vec());
+    }
+
+    /// Writes the batch and returns the events of each new revision, in revision order, for
+    /// the watchers. With `sync` the write is durable when this returns.
+    pub fn commit(mut self, sync: bool) -> Result<Vec<(i64, Vec<Event>)>, MvccError> {
+        if self.revision != self.store.revision() || self.compacted != self.store.compact_revision()
+        {
+            self.overlay.put(
+                Cf::Meta,
+                keys::META_REVISION.to_vec(),
+                self.revision.to_be_bytes().to_vec(),
+            );
+            self.overlay.put(
+                Cf::Meta,
+                keys::META_COMPACT_REVISION.to_vec(),
+                self.compacted.to_be_bytes().to_vec(),
+            );
+        }
+        let overlay = std::mem::take(&mut self.overlay);
+        if !overlay.is_empty() {
+            self.store.engine().write(overlay.into_write_batch(), sync)?;
+        }
+        self.store.set_revisions(self.revision, self.compacted);
+        Ok(self.events)
+    }
+}

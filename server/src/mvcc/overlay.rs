@@ -1,0 +1,171 @@
+//! In-memory write overlays over a [`ReadView`].
+//!
+//! An apply batch collects every write of one Raft `apply()` call in an [`Overlay`] and reads
+//! through [`Layered`] (overlay over the engine), so later commands see earlier ones before
+//! anything reaches the engine. Each request adds a second overlay on top that is merged into
+//! the batch only when the request succeeds, which is how a failed request leaves no trace.
+
+use std::collections::BTreeMap;
+use std::iter::Peekable;
+use std::ops::Bound;
+
+use crate::storage::engine::{Cf, EngineError, KvIter, ReadView, WriteBatch};
+
+/// Pending writes per column family: `Some(value)` is a put, `None` a delete.
+#[derive(Debug, Default, Clone)]
+pub struct Overlay {
+    tables: [BTreeMap<Vec<u8>, Option<Vec<u8>>>; Cf::ALL.len()],
+}
+
+impl Overlay {
+    pub fn put(&mut self, cf: Cf, key: Vec<u8>, value: Vec<u8>) {
+        self.tables[cf.index()].insert(key, Some(value));
+    }
+
+    pub fn delete(&mut self, cf: Cf, key: Vec<u8>) {
+        self.tables[cf.index()].insert(key, None);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tables.iter().all(BTreeMap::is_empty)
+    }
+
+    /// Applies `top`'s writes on top of ours.
+    pub fn absorb(&mut self, top: Overlay) {
+        for (mine, theirs) in self.tables.iter_mut().zip(top.tables) {
+            mine.extend(theirs);
+        }
+    }
+
+    pub fn into_write_batch(self) -> WriteBatch {
+        let mut batch = WriteBatch::new();
+        for (cf, table) in Cf::ALL.into_iter().zip(self.tables) {
+            for (k, v) in table {
+                match v {
+                    Some(v) => batch.put(cf, k, v),
+                    None => batch.delete(cf, k),
+                }
+            }
+        }
+        batch
+    }
+}
+
+/// `top` over `base`: reads see `top`'s writes first.
+pub struct Layered<'a> {
+    pub base: &'a dyn ReadView,
+    pub top: &'a Overlay,
+}
+
+impl ReadView for Layered<'_> {
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
+        match self.top.tables[cf.index()].get(key) {
+            Some(v) => Ok(v.clone()),
+            None => self.base.get(cf, key),
+        }
+    }
+
+    fn scan(&self, cf: Cf, start: &[u8], end: Option<&[u8]>) -> KvIter<'_> {
+        let base = self.base.scan(cf, start, end);
+        if let Some(e) = end {
+            // BTreeMap::range panics on an inverted range, which callers may legitimately ask
+            // for (etcd's range_end < key): it is simply empty.
+            if start >= e {
+                return Box::new(std::iter::empty());
+            }
+        }
+        let upper = match end {
+            Some(e) => Bound::Excluded(e.to_vec()),
+            None => Bound::Unbounded,
+        };
+        let top = self.top.tables[cf.index()]
+            .range::<Vec<u8>, _>((Bound::Included(start.to_vec()), upper))
+            .map(|(k, v)| (k.clone(), v.clone()));
+        Box::new(Merge { base: base.peekable(), top: top.peekable() })
+    }
+}
+
+/// Merges a base stream with overlay entries, the overlay winning on equal keys.
+struct Merge<'a, T: Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>> {
+    base: Peekable<KvIter<'a>>,
+    top: Peekable<T>,
+}
+
+impl<T: Iterator<Item = (Vec<u8>, Option<Vec<u8>>)>> Iterator for Merge<'_, T> {
+    type Item = Result<(Vec<u8>, Vec<u8>), EngineError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let take_top = match (self.base.peek(), self.top.peek()) {
+                (None, None) => return None,
+                (Some(Err(_)), _) => return self.base.next(),
+                (None, Some(_)) => true,
+                (Some(_), None) => false,
+                (Some(Ok((bk, _))), Some((tk, _))) => {
+                    if bk == tk {
+                        // The overlay shadows the base entry.
+                        self.base.next();
+                        true
+                    } else {
+                        tk < bk
+                    }
+                }
+            };
+            if !take_top {
+                return self.base.next();
+            }
+            match self.top.next() {
+                Some((k, Some(v))) => return Some(Ok((k, v))),
+                // A pending delete: skip the key.
+                Some((_, None)) => continue,
+                None => return None,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::engine::{Engine, MemEngine};
+
+    #[test]
+    fn layered_reads_merge_puts_and_deletes() {
+        let engine = MemEngine::new();
+        let mut b = WriteBatch::new();
+        for k in [b"a", b"c", b"e"] {
+            b.put(Cf::Kv, k.to_vec(), b"base".to_vec());
+        }
+        engine.write(b, false).unwrap();
+
+        let mut lower = Overlay::default();
+        lower.put(Cf::Kv, b"b".to_vec(), b"lower".to_vec());
+        lower.delete(Cf::Kv, b"c".to_vec());
+        let mut upper = Overlay::default();
+        upper.put(Cf::Kv, b"c".to_vec(), b"upper".to_vec());
+        upper.delete(Cf::Kv, b"e".to_vec());
+        upper.put(Cf::Kv, b"f".to_vec(), b"upper".to_vec());
+
+        let l1 = Layered { base: &engine, top: &lower };
+        let l2 = Layered { base: &l1, top: &upper };
+        let all: Vec<(Vec<u8>, Vec<u8>)> =
+            l2.scan(Cf::Kv, b"", None).collect::<Result<_, _>>().unwrap();
+        let want: Vec<(Vec<u8>, Vec<u8>)> = vec![
+            (b"a".to_vec(), b"base".to_vec()),
+            (b"b".to_vec(), b"lower".to_vec()),
+            (b"c".to_vec(), b"upper".to_vec()),
+            (b"f".to_vec(), b"upper".to_vec()),
+        ];
+        assert_eq!(all, want);
+        assert_eq!(l1.get(Cf::Kv, b"c").unwrap(), None);
+        assert_eq!(l2.get(Cf::Kv, b"c").unwrap(), Some(b"upper".to_vec()));
+        assert_eq!(l2.get(Cf::Kv, b"a").unwrap(), Some(b"base".to_vec()));
+        assert_eq!(l2.scan(Cf::Kv, b"b", Some(b"a")).count(), 0);
+        assert_eq!(l2.scan(Cf::Kv, b"b", Some(b"d")).count(), 2);
+
+        lower.absorb(upper);
+        engine.write(lower.into_write_batch(), false).unwrap();
+        let keys: Vec<Vec<u8>> = engine.scan(Cf::Kv, b"", None).map(|r| r.unwrap().0).collect();
+        assert_eq!(keys, vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec(), b"f".to_vec()]);
+    }
+}

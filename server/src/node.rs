@@ -1,0 +1,171 @@
+//! Wiring: opens storage, starts Raft, serves peers and clients, and bootstraps a new cluster.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use picket_proto::etcdserverpb::kv_server::KvServer;
+use picket_proto::picket::raft::v1::raft_service_server::RaftServiceServer;
+use thiserror::Error;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::api::kv::KvService;
+use crate::api::Ctx;
+use crate::config::{Config, ConfigError};
+use crate::raft::bootstrap;
+use crate::raft::network::Network;
+use crate::raft::proposer::Proposer;
+use crate::raft::service::PeerService;
+use crate::raft::types::{NodeId, Raft};
+use crate::storage::log_store::LogStore;
+use crate::storage::rocks::RocksEngine;
+use crate::storage::state_machine::StateMachine;
+
+/// gRPC framing and header overhead allowed on top of `--max-request-bytes`, as etcd does, so
+/// an oversize request reaches our check and gets etcd's error instead of a transport error.
+const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("raft configuration: {0}")]
+    RaftConfig(#[from] openraft::ConfigError),
+    #[error("cannot open data dir: {0}")]
+    DataDir(std::io::Error),
+    #[error("storage: {0}")]
+    Engine(#[from] crate::storage::engine::EngineError),
+    #[error("raft storage: {0}")]
+    RaftStorage(#[from] crate::raft::types::StorageError),
+    #[error("raft: {0}")]
+    Raft(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+}
+
+/// A running member. Dropping it does not stop it; call [`RunningNode::shutdown`].
+pub struct RunningNode {
+    pub node_id: NodeId,
+    pub raft: Raft,
+    pub ctx: Arc<Ctx>,
+    stop: watch::Sender<bool>,
+    servers: JoinSet<Result<(), tonic::transport::Error>>,
+}
+
+impl RunningNode {
+    /// Stops serving and shuts Raft down.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        while let Some(res) = self.servers.join_next().await {
+            if let Ok(Err(e)) = res {
+                tracing::warn!(error = %e, "server stopped with error");
+            }
+        }
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+    }
+
+    /// Waits until a server task ends (which only happens on error or shutdown).
+    pub async fn wait(&mut self) -> Option<Result<(), tonic::transport::Error>> {
+        match self.servers.join_next().await? {
+            Ok(r) => Some(r),
+            Err(e) => {
+                tracing::error!(error = %e, "server task panicked");
+                Some(Ok(()))
+            }
+        }
+    }
+}
+
+async fn bind_all(addrs: &[SocketAddr]) -> Result<Vec<TcpListener>, NodeError> {
+    let mut out = Vec::new();
+    for addr in addrs {
+        let l = TcpListener::bind(addr)
+            .await
+            .map_err(|source| NodeError::Bind { addr: *addr, source })?;
+        out.push(l);
+    }
+    Ok(out)
+}
+
+/// Starts a member with `cfg`.
+pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
+    cfg.validate()?;
+    let data_dir = cfg.data_dir();
+    std::fs::create_dir_all(&data_dir).map_err(NodeError::DataDir)?;
+    let members = cfg.initial_members()?;
+    let node_id = bootstrap::member_id(&cfg.initial_cluster_token, &cfg.name);
+    let cluster_id = bootstrap::cluster_id(&cfg.initial_cluster_token, &members);
+    tracing::info!(node_id, cluster_id, name = %cfg.name, data_dir = %data_dir.display(), "starting picketd");
+
+    let engine = RocksEngine::open(data_dir.join("db"))?;
+    let log_store = LogStore::new(engine.db().clone());
+    let sm = StateMachine::open(engine.clone(), data_dir.join("snapshots"))?;
+    let shared = sm.shared().clone();
+
+    let raft_config = bootstrap::raft_config(&cfg)?;
+    let raft = Raft::new(node_id, raft_config, Network, log_store, sm)
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+    let proposer = Proposer::new(raft.clone(), node_id, cfg.request_timeout());
+    let ctx = Arc::new(Ctx {
+        cluster_id,
+        member_id: node_id,
+        sm: shared,
+        proposer: proposer.clone(),
+        max_request_bytes: cfg.max_request_bytes,
+        max_txn_ops: cfg.max_txn_ops,
+    });
+
+    // Bind everything before initializing, so a port conflict fails the start cleanly and
+    // peers can reach us as soon as an election begins.
+    let peer_listeners = bind_all(&cfg.peer_listen_addrs()?).await?;
+    let client_listeners = bind_all(&cfg.client_listen_addrs()?).await?;
+    let (stop, stop_rx) = watch::channel(false);
+    let mut servers = JoinSet::new();
+
+    for l in peer_listeners {
+        let svc = RaftServiceServer::new(PeerService::new(proposer.clone()))
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
+        let mut stop_rx = stop_rx.clone();
+        servers.spawn(
+            tonic::transport::Server::builder().add_service(svc).serve_with_incoming_shutdown(
+                TcpListenerStream::new(l),
+                async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                },
+            ),
+        );
+    }
+
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
+    let max_decode = cfg.max_request_bytes + GRPC_OVERHEAD_BYTES;
+    for l in client_listeners {
+        let kv = KvServer::new(KvService::new(ctx.clone()))
+            .max_decoding_message_size(max_decode)
+            .max_encoding_message_size(usize::MAX);
+        let mut stop_rx = stop_rx.clone();
+        servers.spawn(
+            tonic::transport::Server::builder()
+                .add_service(health_service.clone())
+                .add_service(kv)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
+                    let _ = stop_rx.wait_for(|s| *s).await;
+                }),
+        );
+    }
+
+    if cfg.initial_cluster_state == "new" {
+        bootstrap::initialize_if_new(&raft, bootstrap::initial_nodes(&cfg, &members))
+            .await
+            .map_err(|e| NodeError::Raft(e.to_string()))?;
+    }
+    tracing::info!(node_id, client_urls = ?cfg.advertise_client_urls(), "picketd serving");
+    Ok(RunningNode { node_id, raft, ctx, stop, servers })
+}

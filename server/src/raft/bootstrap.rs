@@ -1,0 +1,113 @@
+//! Static bootstrap: member and cluster ids derived from `--initial-cluster`, the openraft
+//! configuration derived from our flags, and first-start initialization.
+//!
+//! Every member of a new cluster computes the same ids from the same flags and calls
+//! `initialize` with the same membership, which openraft documents as safe; the first election
+//! then picks a leader. A member whose data dir already holds Raft state skips initialization and
+//! recovers from disk.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use openraft::error::{InitializeError, RaftError};
+use openraft::SnapshotPolicy;
+use sha2::{Digest, Sha256};
+
+use super::types::{Member, NodeId, Raft};
+use crate::config::{Config, InitialMember};
+
+fn hash_u64(parts: &[&[u8]]) -> u64 {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_be_bytes());
+        h.update(p);
+    }
+    let d = h.finalize();
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&d[..8]);
+    // Zero means "no node" to openraft and etcd clients alike.
+    u64::from_be_bytes(b).max(1)
+}
+
+/// The member id of a statically configured member: a hash of the cluster token and its name,
+/// so it is stable across restarts and identical on every member.
+pub fn member_id(token: &str, name: &str) -> NodeId {
+    hash_u64(&[b"member", token.as_bytes(), name.as_bytes()])
+}
+
+/// The cluster id: a hash of the token and the initial member ids.
+pub fn cluster_id(token: &str, members: &[InitialMember]) -> u64 {
+    let mut ids: Vec<u64> = members.iter().map(|m| member_id(token, &m.name)).collect();
+    ids.sort_unstable();
+    let joined: Vec<u8> = ids.iter().flat_map(|i| i.to_be_bytes()).collect();
+    hash_u64(&[b"cluster", token.as_bytes(), &joined])
+}
+
+/// Log entries kept behind a snapshot so a briefly lagging follower catches up from the log
+/// rather than a full snapshot (etcd keeps 5000).
+const MAX_CATCH_UP_ENTRIES: u64 = 5000;
+
+pub fn raft_config(cfg: &Config) -> Result<Arc<openraft::Config>, openraft::ConfigError> {
+    let raft = openraft::Config {
+        cluster_name: cfg.initial_cluster_token.clone(),
+        heartbeat_interval: cfg.heartbeat_interval_ms,
+        election_timeout_min: cfg.election_timeout_ms,
+        election_timeout_max: cfg.election_timeout_ms * 2,
+        // Per snapshot chunk: generous, because a chunk is written and fsynced on a possibly
+        // busy follower. A timed-out chunk is simply resent.
+        install_snapshot_timeout: 10_000,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_count),
+        max_in_snapshot_log_to_keep: MAX_CATCH_UP_ENTRIES.min(cfg.snapshot_count),
+        ..Default::default()
+    };
+    Ok(Arc::new(raft.validate()?))
+}
+
+/// The initial membership as openraft nodes. Client URLs of other members are not known
+/// from flags; they are filled in as members report them (cluster operations).
+pub fn initial_nodes(cfg: &Config, members: &[InitialMember]) -> BTreeMap<NodeId, Member> {
+    members
+        .iter()
+        .map(|m| {
+            let client_urls =
+                if m.name == cfg.name { cfg.advertise_client_urls() } else { Vec::new() };
+            (
+                member_id(&cfg.initial_cluster_token, &m.name),
+                Member { name: m.name.clone(), peer_urls: m.peer_urls.clone(), client_urls },
+            )
+        })
+        .collect()
+}
+
+/// Initializes a brand-new member with the configured cluster. Does nothing on a member that
+/// already has Raft state.
+pub async fn initialize_if_new(
+    raft: &Raft,
+    nodes: BTreeMap<NodeId, Member>,
+) -> Result<(), RaftError<NodeId, InitializeError<NodeId, Member>>> {
+    match raft.initialize(nodes).await {
+        Ok(()) => {
+            tracing::info!("initialized new cluster membership");
+            Ok(())
+        }
+        Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {
+            tracing::info!("raft state found on disk; recovering");
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_stable_and_distinct() {
+        assert_eq!(member_id("t", "a"), member_id("t", "a"));
+        assert_ne!(member_id("t", "a"), member_id("t", "b"));
+        assert_ne!(member_id("t", "a"), member_id("u", "a"));
+        let m = |n: &str| InitialMember { name: n.into(), peer_urls: vec![] };
+        assert_eq!(cluster_id("t", &[m("a"), m("b")]), cluster_id("t", &[m("b"), m("a")]));
+    }
+}

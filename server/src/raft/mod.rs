@@ -1,0 +1,9 @@
+//! Consensus: openraft types, the peer network, the peer service, proposal forwarding and
+//! bootstrap. Nothing outside this module and `storage::{log_store, state_machine}` imports
+//! openraft; the MVCC, lease and watch logic sits behind the state machine's apply.
+
+pub mod bootstrap;
+pub mod network;
+pub mod proposer;
+pub mod service;
+pub mod types;

@@ -1,0 +1,142 @@
+//! The Raft network: openraft's `RaftNetwork` over tonic, one lazily connected channel per
+//! peer. openraft messages travel as postcard bytes inside `picket.raft.v1.RaftPayload`; the
+//! reply carries the remote `Result`, so remote Raft errors come back typed.
+
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
+use picket_proto::picket::raft::v1::RaftPayload;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use super::types::{Member, NodeId, TypeConfig};
+
+/// How long to wait for a TCP connection to a peer. A peer that cannot be reached within this
+/// time is reported `Unreachable`, and openraft backs off before retrying, so a dead peer costs
+/// one short wait per backoff period rather than a stuck replication stream.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Opens a lazily connected channel to a peer URL. tonic reconnects the channel by itself after
+/// a failure, so a restarted peer is picked up without creating a new client.
+pub fn peer_channel(url: &str) -> Result<Channel, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(url.to_string())?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .connect_lazy())
+}
+
+pub fn encode<T: Serialize>(v: &T) -> Result<RaftPayload, postcard::Error> {
+    Ok(RaftPayload { payload: postcard::to_allocvec(v)? })
+}
+
+pub fn decode<T: DeserializeOwned>(p: &RaftPayload) -> Result<T, postcard::Error> {
+    postcard::from_bytes(&p.payload)
+}
+
+/// Creates peer clients for openraft.
+#[derive(Clone, Default)]
+pub struct Network;
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerClient;
+
+    async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
+        let url = node.peer_urls.first().cloned().unwrap_or_default();
+        let client = peer_channel(&url).ok().map(RaftServiceClient::new);
+        if client.is_none() {
+            tracing::warn!(node_id = target, url = %url, "invalid peer url");
+        }
+        PeerClient { target, client }
+    }
+}
+
+/// A connection to one peer.
+pub struct PeerClient {
+    target: NodeId,
+    client: Option<RaftServiceClient<Channel>>,
+}
+
+type RpcResult<T, E> = Result<T, RPCError<NodeId, Member, RaftError<NodeId, E>>>;
+
+/// One unary method of the generated peer client, boxed so `call` can share the plumbing.
+type PeerMethod = fn(
+    RaftServiceClient<Channel>,
+    RaftPayload,
+) -> futures::future::BoxFuture<'static, Result<tonic::Response<RaftPayload>, tonic::Status>>;
+
+impl PeerClient {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        req: &Req,
+        option: &RPCOption,
+        method: PeerMethod,
+    ) -> RpcResult<Resp, E>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let client = self.client.clone().ok_or_else(|| {
+            RPCError::Unreachable(Unreachable::new(&std::io::Error::other("invalid peer url")))
+        })?;
+        let payload = encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        // Bounded by openraft's hard TTL for this RPC: a peer that stops answering (paused,
+        // partitioned) must not hold up the replication stream or an election past it. A timed
+        // out AppendEntries or Vote is safe to resend: both are idempotent in Raft.
+        let resp = match tokio::time::timeout(option.hard_ttl(), method(client, payload)).await {
+            Err(_) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "peer rpc timed out",
+                ))))
+            }
+            Ok(Err(status)) => {
+                // Connection-level failures: let openraft back off before retrying.
+                return Err(RPCError::Unreachable(Unreachable::new(&status)));
+            }
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        let result: Result<Resp, RaftError<NodeId, E>> =
+            decode(&resp).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerClient {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+        self.call(&rpc, &option, |mut c, p| Box::pin(async move { c.append_entries(p).await }))
+            .await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
+        self.call(&rpc, &option, |mut c, p| Box::pin(async move { c.install_snapshot(p).await }))
+            .await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+        self.call(&rpc, &option, |mut c, p| Box::pin(async move { c.vote(p).await })).await
+    }
+}

@@ -1,0 +1,89 @@
+//! The peer-facing gRPC service: openraft's three RPCs plus the two a follower needs to serve
+//! any client request (forwarding a proposal, asking for a read index).
+
+use picket_proto::picket::raft::v1::raft_service_server::RaftService;
+use picket_proto::picket::raft::v1::{
+    CommandResult, ForwardRequest, RaftPayload, ReadIndexRequest, ReadIndexResponse,
+};
+use tonic::{Request, Response, Status};
+
+use super::network::{decode, encode};
+use super::proposer::{ProposeError, Proposer};
+use super::types::Command;
+
+/// Serves peer RPCs for one node.
+pub struct PeerService {
+    proposer: Proposer,
+}
+
+impl PeerService {
+    pub fn new(proposer: Proposer) -> Self {
+        Self { proposer }
+    }
+}
+
+fn bad_payload(e: postcard::Error) -> Status {
+    Status::invalid_argument(format!("picket: undecodable raft payload: {e}"))
+}
+
+fn reply<T: serde::Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
+    encode(v)
+        .map(Response::new)
+        .map_err(|e| Status::internal(format!("picket: cannot encode raft reply: {e}")))
+}
+
+#[tonic::async_trait]
+impl RaftService for PeerService {
+    #[tracing::instrument(level = "trace", skip_all)]
+    async fn append_entries(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc = decode(req.get_ref()).map_err(bad_payload)?;
+        reply(&self.proposer.raft().append_entries(rpc).await)
+    }
+
+    #[tracing::instrument(level = "trace", skip_all)]
+    async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let rpc = decode(req.get_ref()).map_err(bad_payload)?;
+        reply(&self.proposer.raft().vote(rpc).await)
+    }
+
+    #[tracing::instrument(level = "trace", skip_all)]
+    async fn install_snapshot(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let rpc = decode(req.get_ref()).map_err(bad_payload)?;
+        reply(&self.proposer.raft().install_snapshot(rpc).await)
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn forward(
+        &self,
+        req: Request<ForwardRequest>,
+    ) -> Result<Response<CommandResult>, Status> {
+        let command = req
+            .into_inner()
+            .command
+            .ok_or_else(|| Status::invalid_argument("picket: forward without a command"))?;
+        // Only propose locally: a forwarded request is never forwarded again, so a stale leader
+        // hint cannot bounce a proposal around the cluster.
+        match self.proposer.propose_local(Command(command)).await {
+            Ok(result) => Ok(Response::new(result)),
+            Err(e) => Err(ProposeError::into_status(e)),
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn read_index(
+        &self,
+        _req: Request<ReadIndexRequest>,
+    ) -> Result<Response<ReadIndexResponse>, Status> {
+        let index = self.proposer.local_read_index().await.map_err(ProposeError::into_status)?;
+        Ok(Response::new(ReadIndexResponse {
+            read_index: index,
+            leader_id: self.proposer.node_id(),
+        }))
+    }
+}

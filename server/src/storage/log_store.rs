@@ -1,0 +1,238 @@
+//! The Raft log on RocksDB (openraft's `RaftLogStorage`).
+//!
+//! Layout: column family `raft_log` maps the big-endian log index to the postcard-encoded
+//! [`Entry`]; `raft_meta` holds the vote, the committed log id and the last purged log id.
+//! The state machine lives in other column families of the same RocksDB instance, which
+//! shares one write-ahead log: see the durability notes on each write below.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogReader, StorageIOError};
+use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::raft::types::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
+
+const CF_LOG: &str = "raft_log";
+const CF_META: &str = "raft_meta";
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_LAST_PURGED: &[u8] = b"last_purged";
+
+/// The Raft log. Cheap to clone: clones share the database and serve as log readers.
+#[derive(Clone)]
+pub struct LogStore {
+    db: Arc<DB>,
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn io_err(
+    subject: ErrorSubject<NodeId>,
+    verb: ErrorVerb,
+    e: impl std::error::Error + 'static,
+) -> StorageError {
+    StorageIOError::new(subject, verb, openraft::AnyError::new(&e)).into()
+}
+
+fn synced() -> WriteOptions {
+    let mut o = WriteOptions::default();
+    o.set_sync(true);
+    o
+}
+
+impl LogStore {
+    /// Opens the log on a database that already has the `raft_log` and `raft_meta` column
+    /// families (see `storage::rocks`).
+    pub fn new(db: Arc<DB>) -> Self {
+        Self { db }
+    }
+
+    fn cf(&self, name: &str) -> Result<&rocksdb::ColumnFamily, StorageError> {
+        self.db.cf_handle(name).ok_or_else(|| {
+            io_err(
+                ErrorSubject::Store,
+                ErrorVerb::Read,
+                std::io::Error::other(format!("column family {name} missing")),
+            )
+        })
+    }
+
+    fn get_meta<T: DeserializeOwned>(
+        &self,
+        key: &[u8],
+        subject: ErrorSubject<NodeId>,
+    ) -> Result<Option<T>, StorageError> {
+        let raw = self
+            .db
+            .get_cf(self.cf(CF_META)?, key)
+            .map_err(|e| io_err(subject.clone(), ErrorVerb::Read, e))?;
+        raw.map(|b| {
+            postcard::from_bytes(&b).map_err(|e| io_err(subject.clone(), ErrorVerb::Read, e))
+        })
+        .transpose()
+    }
+
+    fn put_meta<T: Serialize>(
+        &self,
+        key: &[u8],
+        value: &T,
+        subject: ErrorSubject<NodeId>,
+        sync: bool,
+    ) -> Result<(), StorageError> {
+        let bytes = postcard::to_allocvec(value)
+            .map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
+        let opts = if sync { synced() } else { WriteOptions::default() };
+        self.db
+            .put_cf_opt(self.cf(CF_META)?, key, bytes, &opts)
+            .map_err(|e| io_err(subject, ErrorVerb::Write, e))
+    }
+
+    fn decode_entry(bytes: &[u8]) -> Result<Entry, StorageError> {
+        postcard::from_bytes(bytes).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let start = match range.start_bound() {
+            Bound::Included(x) => *x,
+            Bound::Excluded(x) => x.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let cf = self.cf(CF_LOG)?;
+        let mut out = Vec::new();
+        let from = index_key(start);
+        for item in self.db.iterator_cf(cf, IteratorMode::From(&from, Direction::Forward)) {
+            let (key, value) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+            let index = u64::from_be_bytes(key.as_ref().try_into().map_err(|_| {
+                io_err(
+                    ErrorSubject::Logs,
+                    ErrorVerb::Read,
+                    std::io::Error::other("log key is not 8 bytes"),
+                )
+            })?);
+            if !range.contains(&index) {
+                break;
+            }
+            out.push(Self::decode_entry(&value)?);
+        }
+        Ok(out)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+        let last_purged: Option<LogId> = self.get_meta(KEY_LAST_PURGED, ErrorSubject::Store)?;
+        let last = match self.db.iterator_cf(self.cf(CF_LOG)?, IteratorMode::End).next() {
+            None => None,
+            Some(item) => {
+                let (_, value) =
+                    item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+                Some(Self::decode_entry(&value)?.log_id)
+            }
+        };
+        Ok(LogState { last_purged_log_id: last_purged, last_log_id: last.or(last_purged) })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
+        // Durability: a vote must survive a crash before it is acted on, or a restarted node
+        // could vote twice in one term. Synced write.
+        self.put_meta(KEY_VOTE, vote, ErrorSubject::Vote, true)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        self.get_meta(KEY_VOTE, ErrorSubject::Vote)
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+        // Not synced: the committed index is an optimisation that lets a restarted node re-apply
+        // up to it at once. Losing it only means waiting for the leader to tell us again; it can
+        // never be ahead of the synced log, because it is written after the entries it covers.
+        self.put_meta(KEY_COMMITTED, &committed, ErrorSubject::Store, false)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+        Ok(self.get_meta::<Option<LogId>>(KEY_COMMITTED, ErrorSubject::Store)?.flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let cf = self.cf(CF_LOG)?;
+        let mut batch = WriteBatch::default();
+        for entry in entries {
+            let bytes = postcard::to_allocvec(&entry)
+                .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+            batch.put_cf(cf, index_key(entry.log_id.index), bytes);
+        }
+        // Durability: openraft counts this node towards the commit quorum as soon as the
+        // callback fires, so the entries must be on stable storage first. The synced write
+        // fsyncs the shared WAL, which also makes every earlier unsynced state-machine write
+        // durable.
+        match self.db.write_opt(batch, &synced()) {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(e) => {
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                Err(io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        tracing::debug!(log_index = log_id.index, "truncating log");
+        let mut batch = WriteBatch::default();
+        batch.delete_range_cf(self.cf(CF_LOG)?, index_key(log_id.index), index_key(u64::MAX));
+        // Durability: synced so a crash cannot resurrect conflicting entries after the leader
+        // has been told they are gone and newer entries replaced them.
+        self.db
+            .write_opt(batch, &synced())
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+        tracing::debug!(log_index = log_id.index, "purging log");
+        let meta_bytes = postcard::to_allocvec(&log_id)
+            .map_err(|e| io_err(ErrorSubject::Store, ErrorVerb::Write, e))?;
+        let mut batch = WriteBatch::default();
+        // The purge marker and the deletion go in one batch, so the log never appears to start
+        // after a gap.
+        batch.put_cf(self.cf(CF_META)?, KEY_LAST_PURGED, meta_bytes);
+        batch.delete_range_cf(
+            self.cf(CF_LOG)?,
+            index_key(0),
+            index_key(log_id.index.saturating_add(1)),
+        );
+        // Durability: openraft purges only entries covered by a snapshot of the state machine.
+        // State-machine writes are not synced individually; syncing here flushes the shared WAL
+        // up to this point, so the applied state the snapshot covers is durable before the log
+        // entries that could rebuild it disappear.
+        self.db
+            .write_opt(batch, &synced())
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+    }
+}

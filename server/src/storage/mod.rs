@@ -1,0 +1,23 @@
+//! Storage: the key-value engine under everything Picket persists.
+//!
+//! Layers, from the bottom up:
+//! - [`engine`]: the engine abstraction. Column families ([`engine::Cf`]), ordered write
+//!   batches, point-in-time read views, and [`engine::MemEngine`], an in-memory engine for tests
+//!   (after TiKV's `BTreeEngine`). Nothing above this module needs to know which engine runs.
+//! - [`rocks`]: the production engine on RocksDB. The Raft log store uses its `DB` handle and
+//!   column families directly.
+//! - `log_store`: openraft's `RaftLogStorage` on the `raft_log`/`raft_meta` column families.
+//! - `state_machine`: openraft's `RaftStateMachine`; decodes committed commands and dispatches
+//!   them to [`crate::mvcc`] and [`crate::lease`], one engine write batch per `apply()` call.
+//! - `snapshot`: state-machine snapshots built from a consistent engine view.
+//!
+//! The MVCC data model (revisions, key versions, compaction) lives in [`crate::mvcc`], which
+//! only sees the [`engine::Engine`] trait, so it runs unchanged on [`engine::MemEngine`].
+
+pub mod engine;
+pub mod rocks;
+
+// Owned by the Raft layer (see the list above).
+pub mod log_store;
+pub mod snapshot;
+pub mod state_machine;

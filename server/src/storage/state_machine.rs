@@ -1,0 +1,379 @@
+//! The Raft state machine (openraft's `RaftStateMachine`): decodes committed entries and
+//! dispatches them to `mvcc` and `lease`. It holds no business logic of its own.
+//!
+//! Every `apply()` call becomes one RocksDB write batch that carries the data changes, the
+//! last applied log id and the membership together, so a restart resumes exactly after the last
+//! batch that reached the disk, and replaying an entry twice is impossible: openraft re-sends
+//! only entries after the `last_applied` we report, and we report what is on disk.
+
+use std::io::Cursor;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder, StorageIOError,
+};
+use parking_lot::RwLock;
+use picket_proto::mvccpb::Event;
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
+use picket_proto::picket::raft::v1::{CommandError, CommandResult, Empty};
+use picket_proto::picket::storage::v1::LeaseRecord;
+use prost::Message;
+use tokio::sync::broadcast;
+
+use crate::lease::LeaseTable;
+use crate::mvcc::{ApplyBatch, MvccError, MvccStore};
+use crate::raft::types::{
+    Applied, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
+};
+use crate::storage::engine::Cf;
+use crate::storage::rocks::RocksEngine;
+use crate::storage::snapshot::{self, SnapshotFiles};
+
+const KEY_APPLIED: &[u8] = b"raft/last_applied";
+const KEY_MEMBERSHIP: &[u8] = b"raft/membership";
+
+/// Events of one applied revision, published after the batch that produced them is written.
+#[derive(Debug, Clone)]
+pub struct RevisionEvents {
+    pub revision: i64,
+    pub events: Arc<Vec<Event>>,
+}
+
+/// State shared by the state machine (writer) and the API layer (readers).
+pub struct Shared {
+    engine: RocksEngine,
+    inner: RwLock<Inner>,
+    snapshots: SnapshotFiles,
+    snapshot_seq: AtomicU64,
+    events: broadcast::Sender<RevisionEvents>,
+}
+
+struct Inner {
+    store: MvccStore<RocksEngine>,
+    leases: LeaseTable,
+    last_applied: Option<LogId>,
+    membership: StoredMembership,
+}
+
+/// The openraft state machine handle. Clones share state.
+#[derive(Clone)]
+pub struct StateMachine {
+    shared: Arc<Shared>,
+}
+
+fn sm_err(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
+    StorageIOError::new(ErrorSubject::StateMachine, verb, openraft::AnyError::error(e.to_string()))
+        .into()
+}
+
+fn snap_err(e: impl std::fmt::Display) -> StorageError {
+    StorageIOError::new(
+        ErrorSubject::Snapshot(None),
+        ErrorVerb::Write,
+        openraft::AnyError::error(e.to_string()),
+    )
+    .into()
+}
+
+impl Inner {
+    fn load(engine: &RocksEngine) -> Result<Self, StorageError> {
+        let store = MvccStore::open(engine.clone()).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+        let read = |key: &[u8]| {
+            engine
+                .db()
+                .get_cf(engine.cf_handle(Cf::Meta), key)
+                .map_err(|e| sm_err(ErrorVerb::Read, e))
+        };
+        let last_applied = match read(KEY_APPLIED)? {
+            Some(b) => postcard::from_bytes(&b).map_err(|e| sm_err(ErrorVerb::Read, e))?,
+            None => None,
+        };
+        let membership = match read(KEY_MEMBERSHIP)? {
+            Some(b) => postcard::from_bytes(&b).map_err(|e| sm_err(ErrorVerb::Read, e))?,
+            None => StoredMembership::default(),
+        };
+        let mut records = Vec::new();
+        for item in
+            engine.db().iterator_cf(engine.cf_handle(Cf::Lease), rocksdb::IteratorMode::Start)
+        {
+            let (_, v) = item.map_err(|e| sm_err(ErrorVerb::Read, e))?;
+            records.push(LeaseRecord::decode(v.as_ref()).map_err(|e| sm_err(ErrorVerb::Read, e))?);
+        }
+        Ok(Self { store, leases: LeaseTable::from_records(records), last_applied, membership })
+    }
+}
+
+impl StateMachine {
+    /// Opens the state machine on `engine`, keeping snapshots under `snapshot_dir`.
+    pub fn open(
+        engine: RocksEngine,
+        snapshot_dir: impl Into<std::path::PathBuf>,
+    ) -> Result<Self, StorageError> {
+        let inner = Inner::load(&engine)?;
+        let snapshots = SnapshotFiles::new(snapshot_dir.into()).map_err(snap_err)?;
+        // Watchers that fall this far behind are cut off and must resume from history; the bound
+        // keeps a stuck watcher from holding unbounded memory.
+        let (events, _) = broadcast::channel(4096);
+        Ok(Self {
+            shared: Arc::new(Shared {
+                engine,
+                inner: RwLock::new(inner),
+                snapshots,
+                snapshot_seq: AtomicU64::new(0),
+                events,
+            }),
+        })
+    }
+
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+}
+
+impl Shared {
+    /// Runs `f` with read access to the MVCC store. Reads use a consistent RocksDB view, so
+    /// holding the lock only keeps the store from being swapped by a snapshot install.
+    pub fn with_store<T>(&self, f: impl FnOnce(&MvccStore<RocksEngine>) -> T) -> T {
+        f(&self.inner.read().store)
+    }
+
+    pub fn with_leases<T>(&self, f: impl FnOnce(&LeaseTable) -> T) -> T {
+        f(&self.inner.read().leases)
+    }
+
+    pub fn revision(&self) -> i64 {
+        self.inner.read().store.revision()
+    }
+
+    pub fn last_applied(&self) -> Option<LogId> {
+        self.inner.read().last_applied
+    }
+
+    pub fn membership(&self) -> StoredMembership {
+        self.inner.read().membership.clone()
+    }
+
+    pub fn engine(&self) -> &RocksEngine {
+        &self.engine
+    }
+
+    /// Subscribes to the events of every revision applied from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<RevisionEvents> {
+        self.events.subscribe()
+    }
+}
+
+/// Converts an MVCC error into a command result, or into a storage error that stops the node
+/// when it is not a deterministic outcome of the command (I/O failure, corruption).
+fn outcome<T>(
+    res: Result<T, MvccError>,
+    wrap: impl FnOnce(T) -> CmdResult,
+) -> Result<CmdResult, StorageError> {
+    match res {
+        Ok(v) => Ok(wrap(v)),
+        Err(e) if crate::api::status::mvcc_is_fatal(&e) => Err(sm_err(ErrorVerb::Write, e)),
+        Err(e) => {
+            let status = crate::api::status::mvcc_status(&e);
+            Ok(CmdResult::Error(CommandError {
+                code: status.code() as u32,
+                message: status.message().to_string(),
+            }))
+        }
+    }
+}
+
+fn lease_error(e: crate::lease::LeaseError) -> CmdResult {
+    let status = crate::api::status::lease_status(&e);
+    CmdResult::Error(CommandError {
+        code: status.code() as u32,
+        message: status.message().to_string(),
+    })
+}
+
+fn apply_command(
+    batch: &mut ApplyBatch<'_, RocksEngine>,
+    leases: &mut LeaseTable,
+    cmd: Cmd,
+) -> Result<CmdResult, StorageError> {
+    match cmd {
+        Cmd::Put(req) => outcome(batch.put(&req, leases), CmdResult::Put),
+        Cmd::DeleteRange(req) => outcome(batch.delete_range(&req), CmdResult::DeleteRange),
+        Cmd::Txn(req) => outcome(batch.txn(&req, leases), CmdResult::Txn),
+        Cmd::Compaction(req) => outcome(batch.compact(&req), CmdResult::Compaction),
+        Cmd::LeaseGrant(req) => match leases.grant(req.id, req.ttl) {
+            Ok(record) => {
+                batch.put_raw(Cf::Lease, &record.id.to_be_bytes(), &record.encode_to_vec());
+                Ok(CmdResult::LeaseGrant(picket_proto::etcdserverpb::LeaseGrantResponse {
+                    header: None,
+                    id: record.id,
+                    ttl: record.ttl,
+                    error: String::new(),
+                }))
+            }
+            Err(e) => Ok(lease_error(e)),
+        },
+        Cmd::LeaseRevoke(req) => match leases.revoke(req.id) {
+            Ok(_) => {
+                batch.delete_raw(Cf::Lease, &req.id.to_be_bytes());
+                outcome(batch.revoke_lease_keys(req.id), |_| {
+                    CmdResult::LeaseRevoke(picket_proto::etcdserverpb::LeaseRevokeResponse {
+                        header: None,
+                    })
+                })
+            }
+            Err(e) => Ok(lease_error(e)),
+        },
+        Cmd::LeaseCheckpoint(_) => Ok(CmdResult::Empty(Empty {})),
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let inner = self.shared.inner.read();
+        Ok((inner.last_applied, inner.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut guard = self.shared.inner.write();
+        let inner = &mut *guard;
+        let mut leases = inner.leases.clone();
+        let mut last_applied = inner.last_applied;
+        let mut membership = inner.membership.clone();
+        let mut results = Vec::new();
+        let mut batch = inner.store.begin_apply();
+        for entry in entries {
+            let log_id = entry.log_id;
+            if last_applied.is_some_and(|a| log_id.index <= a.index) {
+                // Defensive: openraft never hands us an entry at or below what we reported as
+                // applied, but re-applying would double-apply a write, so never do it.
+                tracing::warn!(log_index = log_id.index, "skipping already applied entry");
+                results.push(Applied(CommandResult { result: Some(CmdResult::Empty(Empty {})) }));
+                continue;
+            }
+            let result = match entry.payload {
+                EntryPayload::Blank => CmdResult::Empty(Empty {}),
+                EntryPayload::Membership(m) => {
+                    membership = StoredMembership::new(Some(log_id), m);
+                    CmdResult::Empty(Empty {})
+                }
+                EntryPayload::Normal(cmd) => match cmd.0.cmd {
+                    Some(c) => apply_command(&mut batch, &mut leases, c)?,
+                    None => CmdResult::Error(CommandError {
+                        code: tonic::Code::InvalidArgument as u32,
+                        message: "picket: empty raft command".into(),
+                    }),
+                },
+            };
+            last_applied = Some(log_id);
+            tracing::trace!(log_index = log_id.index, "applied entry");
+            results.push(Applied(CommandResult { result: Some(result) }));
+        }
+        let applied_bytes =
+            postcard::to_allocvec(&last_applied).map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        let membership_bytes =
+            postcard::to_allocvec(&membership).map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        batch.put_raw(Cf::Meta, KEY_APPLIED, &applied_bytes);
+        batch.put_raw(Cf::Meta, KEY_MEMBERSHIP, &membership_bytes);
+        // Durability: not synced. The Raft log holds every applied entry durably until a
+        // snapshot covers it, and the log purge is a synced write to the same WAL, which flushes
+        // this batch first. A crash can lose the tail of applied state, never the log, and
+        // replay restarts after the last applied id stored in the same batch.
+        let revisions = batch.commit(false).map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        inner.leases = leases;
+        inner.last_applied = last_applied;
+        inner.membership = membership;
+        drop(guard);
+        for (revision, events) in revisions {
+            // No receivers is fine: nobody is watching.
+            let _ = self.shared.events.send(RevisionEvents { revision, events: Arc::new(events) });
+        }
+        Ok(results)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta,
+        data: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError> {
+        let blob = data.into_inner();
+        tracing::info!(
+            log_index = meta.last_log_id.map(|l| l.index),
+            bytes = blob.len(),
+            "installing snapshot"
+        );
+        let mut guard = self.shared.inner.write();
+        snapshot::install(self.shared.engine.db(), &blob).map_err(snap_err)?;
+        *guard = Inner::load(&self.shared.engine)?;
+        if guard.last_applied != meta.last_log_id {
+            return Err(snap_err(format!(
+                "snapshot data is at {:?} but its metadata says {:?}",
+                guard.last_applied, meta.last_log_id
+            )));
+        }
+        drop(guard);
+        self.shared.snapshots.save(meta, &blob).map_err(snap_err)?;
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
+        let loaded = self.shared.snapshots.load().map_err(snap_err)?;
+        Ok(loaded.map(|(meta, blob)| Snapshot { meta, snapshot: Box::new(Cursor::new(blob)) }))
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
+        let shared = self.shared.clone();
+        // Building reads the whole store; keep it off the async runtime's worker threads.
+        let blob = tokio::task::spawn_blocking(move || snapshot::build(shared.engine.db()))
+            .await
+            .map_err(snap_err)?
+            .map_err(snap_err)?;
+        // The blob's own meta column family says which entry it covers.
+        let (last_log_id, last_membership) = {
+            let records = snapshot::parse(&blob).map_err(snap_err)?;
+            let meta_cf =
+                snapshot::SNAPSHOT_CFS.iter().position(|c| *c == "meta").unwrap_or(usize::MAX);
+            let mut applied: Option<LogId> = None;
+            let mut membership = StoredMembership::default();
+            for (cf, k, v) in records {
+                if cf == meta_cf && k == KEY_APPLIED {
+                    applied = postcard::from_bytes(v).map_err(snap_err)?;
+                } else if cf == meta_cf && k == KEY_MEMBERSHIP {
+                    membership = postcard::from_bytes(v).map_err(snap_err)?;
+                }
+            }
+            (applied, membership)
+        };
+        let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
+        let snapshot_id = match last_log_id {
+            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, seq),
+            None => format!("--{seq}"),
+        };
+        let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
+        self.shared.snapshots.save(&meta, &blob).map_err(snap_err)?;
+        tracing::info!(
+            log_index = last_log_id.map(|l| l.index),
+            bytes = blob.len(),
+            "built snapshot"
+        );
+        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(blob)) })
+    }
+}

@@ -1,0 +1,590 @@
+//! [`Cluster`]: N real `picketd` processes on loopback ports, controlled as processes.
+//!
+//! Each member gets its own data directory and log files under one temporary root. Members are
+//! started with etcd's flags, and `restart` reuses exactly the same flags and data directory, as
+//! an operator restarting etcd would. Readiness means "answers a linearizable `get`", which needs
+//! an elected leader and an applied read index, so a ready member is really serving.
+//!
+//! No process outlives its `Cluster`: `Drop` SIGKILLs every child it started (by PID). A cluster
+//! dropped without [`Cluster::finish`] (a failed assertion or an early `?` return) prints the tail
+//! of every member's log first, so a failure shows what the servers were doing.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use etcd_client::{Client, ConnectOptions};
+use tracing::info;
+
+use crate::binary::picketd_bin;
+use crate::util::POLL_INTERVAL;
+
+/// How long a cluster (or a restarted member) may take to answer a linearizable `get`. Safe
+/// because a member opens its store in well under a second and an election takes a few election
+/// timeouts (1-2 s each with the defaults); 30 s leaves ample slack on a loaded 2-core machine
+/// with other tests running, while a wedged member still fails in bounded time.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Per-request timeout of every client this harness builds. picketd fails a request that cannot
+/// be served with `request timed out` after 5 s + 2 election timeouts (7 s by default), so 15 s
+/// lets the server's own error through while still bounding every call.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// TCP connect timeout: loopback connects either succeed at once or are refused, so 2 s only
+/// matters for a SIGSTOPped member whose accept backlog is full.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Per-attempt timeout of readiness probes: short, so a probe against a member that is still
+/// electing is retried within [`READY_TIMEOUT`] rather than using it up in one call.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// How long a member may take to exit after SIGTERM. A graceful shutdown stops the gRPC servers
+/// and Raft, which takes milliseconds; 15 s covers a busy machine. Past it the member is
+/// SIGKILLed and `stop` reports an error, because a member that ignores SIGTERM is a bug.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Lines of each member's stderr shown when a test fails.
+const LOG_TAIL_LINES: usize = 60;
+
+/// Setting this environment variable keeps the temporary data root after the test (its path is
+/// printed), for post-mortem inspection of data directories and full logs.
+pub const KEEP_ENV: &str = "PICKET_E2E_KEEP";
+
+/// Extra `picketd` flags for every member. `None` means "use the server's default".
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    pub snapshot_count: Option<u64>,
+    pub heartbeat_interval_ms: Option<u64>,
+    pub election_timeout_ms: Option<u64>,
+    pub max_request_bytes: Option<usize>,
+    pub max_txn_ops: Option<usize>,
+    /// `--log-level`; defaults to `$PICKET_E2E_LOG_LEVEL` when set, else the server default.
+    pub log_level: Option<String>,
+    /// Any further flags, appended verbatim.
+    pub extra_args: Vec<String>,
+}
+
+impl ClusterOptions {
+    pub fn snapshot_count(mut self, n: u64) -> Self {
+        self.snapshot_count = Some(n);
+        self
+    }
+
+    pub fn timing(mut self, heartbeat_ms: u64, election_ms: u64) -> Self {
+        self.heartbeat_interval_ms = Some(heartbeat_ms);
+        self.election_timeout_ms = Some(election_ms);
+        self
+    }
+
+    pub fn max_request_bytes(mut self, n: usize) -> Self {
+        self.max_request_bytes = Some(n);
+        self
+    }
+
+    pub fn max_txn_ops(mut self, n: usize) -> Self {
+        self.max_txn_ops = Some(n);
+        self
+    }
+
+    pub fn log_level(mut self, level: &str) -> Self {
+        self.log_level = Some(level.to_string());
+        self
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut a = Vec::new();
+        let mut flag = |name: &str, v: String| {
+            a.push(format!("--{name}"));
+            a.push(v);
+        };
+        if let Some(n) = self.snapshot_count {
+            flag("snapshot-count", n.to_string());
+        }
+        if let Some(n) = self.heartbeat_interval_ms {
+            flag("heartbeat-interval", n.to_string());
+        }
+        if let Some(n) = self.election_timeout_ms {
+            flag("election-timeout", n.to_string());
+        }
+        if let Some(n) = self.max_request_bytes {
+            flag("max-request-bytes", n.to_string());
+        }
+        if let Some(n) = self.max_txn_ops {
+            flag("max-txn-ops", n.to_string());
+        }
+        let level = self.log_level.clone().or_else(|| std::env::var("PICKET_E2E_LOG_LEVEL").ok());
+        if let Some(l) = level {
+            flag("log-level", l);
+        }
+        a.extend(self.extra_args.iter().cloned());
+        a
+    }
+}
+
+/// What the harness believes about a member's process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberState {
+    Running,
+    /// SIGSTOPped by [`Cluster::pause`].
+    Paused,
+    /// Never started, killed or stopped.
+    Down,
+}
+
+struct Member {
+    name: String,
+    client_url: String,
+    peer_url: String,
+    data_dir: PathBuf,
+    stdout_log: PathBuf,
+    stderr_log: PathBuf,
+    child: Option<Child>,
+    paused: bool,
+    /// `header.member_id` as last reported by this member.
+    member_id: Option<u64>,
+    starts: u32,
+}
+
+/// A set of real `picketd` processes forming one cluster.
+pub struct Cluster {
+    bin: PathBuf,
+    opts: ClusterOptions,
+    initial_cluster: String,
+    members: Vec<Member>,
+    root: Option<tempfile::TempDir>,
+    finished: bool,
+}
+
+/// Reserves `n` distinct free loopback ports: all listeners are held until every port is
+/// chosen, so the ports are distinct, then released for the members to bind.
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()
+        .context("reserving loopback ports")?;
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.port()))
+        .collect::<std::io::Result<_>>()
+        .context("reading reserved ports")
+}
+
+/// Sends `signal` (a name such as `STOP`) to `pid` with the `kill` binary, so the harness needs
+/// no `unsafe` libc call.
+fn send_signal(pid: u32, signal: &str) -> Result<()> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .status()
+        .with_context(|| format!("running `kill -{signal} {pid}`"))?;
+    if !status.success() {
+        bail!("`kill -{signal} {pid}` failed: {status}");
+    }
+    Ok(())
+}
+
+/// The last `lines` lines of a log file (reads at most its last 64 KiB).
+fn tail(path: &Path, lines: usize) -> String {
+    let read = || -> std::io::Result<String> {
+        let mut f = File::open(path)?;
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    };
+    match read() {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("<cannot read {}: {e}>", path.display()),
+    }
+}
+
+/// Builds a client connected to exactly one endpoint, with bounded connect and request times.
+pub async fn connect(endpoint: &str, request_timeout: Duration) -> Result<Client> {
+    let opts =
+        ConnectOptions::new().with_connect_timeout(CONNECT_TIMEOUT).with_timeout(request_timeout);
+    Client::connect([endpoint], Some(opts))
+        .await
+        .with_context(|| format!("connecting to {endpoint}"))
+}
+
+impl Cluster {
+    /// Starts an `n`-member cluster and waits (at most [`READY_TIMEOUT`]) until every member
+    /// answers a linearizable `get`.
+    pub async fn start(n: usize, opts: ClusterOptions) -> Result<Cluster> {
+        crate::init_tracing();
+        if n == 0 {
+            bail!("a cluster needs at least one member");
+        }
+        let bin = picketd_bin()?;
+        let root = tempfile::Builder::new()
+            .prefix("picket-e2e-")
+            .tempdir()
+            .context("creating the data root")?;
+        let ports = free_ports(2 * n)?;
+        let members: Vec<Member> = (0..n)
+            .map(|i| {
+                let name = format!("n{}", i + 1);
+                Member {
+                    client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
+                    peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
+                    data_dir: root.path().join(format!("{name}.data")),
+                    stdout_log: root.path().join(format!("{name}.stdout.log")),
+                    stderr_log: root.path().join(format!("{name}.stderr.log")),
+                    name,
+                    child: None,
+                    paused: false,
+                    member_id: None,
+                    starts: 0,
+                }
+            })
+            .collect();
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url))
+            .collect::<Vec<_>>()
+            .join(",");
+        info!(n, bin = %bin.display(), root = %root.path().display(), "starting cluster");
+        let mut cluster =
+            Cluster { bin, opts, initial_cluster, members, root: Some(root), finished: false };
+        for i in 0..n {
+            cluster.spawn(i)?;
+        }
+        cluster.wait_all_ready(READY_TIMEOUT).await?;
+        info!(endpoints = ?cluster.endpoints(), "cluster ready");
+        Ok(cluster)
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    /// Client URLs of all members, in member order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client_url.clone()).collect()
+    }
+
+    /// Client URL of member `i`.
+    pub fn endpoint(&self, i: usize) -> String {
+        self.members[i].client_url.clone()
+    }
+
+    /// The member's name (`n1`, `n2`, ...).
+    pub fn name(&self, i: usize) -> &str {
+        &self.members[i].name
+    }
+
+    /// The temporary data root holding every member's data directory and logs.
+    pub fn root(&self) -> &Path {
+        self.root.as_ref().map(|r| r.path()).unwrap_or_else(|| Path::new("<released>"))
+    }
+
+    /// The member id member `i` reported in its last readiness check.
+    pub fn member_id(&self, i: usize) -> Option<u64> {
+        self.members[i].member_id
+    }
+
+    pub fn state(&self, i: usize) -> MemberState {
+        let m = &self.members[i];
+        match (&m.child, m.paused) {
+            (None, _) => MemberState::Down,
+            (Some(_), true) => MemberState::Paused,
+            (Some(_), false) => MemberState::Running,
+        }
+    }
+
+    /// A client connected to member `i` only, with [`REQUEST_TIMEOUT`] per request. The
+    /// connection is made lazily, so this succeeds even while the member is down.
+    pub async fn client(&self, i: usize) -> Result<Client> {
+        connect(&self.members[i].client_url, REQUEST_TIMEOUT).await
+    }
+
+    /// Clients for every member, in member order.
+    pub async fn clients(&self) -> Result<Vec<Client>> {
+        let mut out = Vec::with_capacity(self.len());
+        for i in 0..self.len() {
+            out.push(self.client(i).await?);
+        }
+        Ok(out)
+    }
+
+    /// The index of the current leader, asked of the first running member.
+    // requires Maintenance.Status (cluster operations issue)
+    pub async fn leader(&self) -> Result<usize> {
+        let i = (0..self.len())
+            .find(|&i| self.state(i) == MemberState::Running)
+            .context("no running member to ask for the leader")?;
+        let status = self.client(i).await?.status().await.context("Maintenance.Status")?;
+        let leader = status.leader();
+        (0..self.len())
+            .find(|&j| self.members[j].member_id == Some(leader))
+            .with_context(|| format!("leader id {leader:#x} is not a known member id"))
+    }
+
+    fn args(&self, i: usize) -> Vec<String> {
+        let m = &self.members[i];
+        let mut a: Vec<String> = [
+            ("name", m.name.clone()),
+            ("data-dir", m.data_dir.display().to_string()),
+            ("listen-client-urls", m.client_url.clone()),
+            ("advertise-client-urls", m.client_url.clone()),
+            ("listen-peer-urls", m.peer_url.clone()),
+            ("initial-advertise-peer-urls", m.peer_url.clone()),
+            ("initial-cluster", self.initial_cluster.clone()),
+            ("initial-cluster-state", "new".to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [format!("--{k}"), v])
+        .collect();
+        a.extend(self.opts.args());
+        a
+    }
+
+    /// Starts member `i`'s process without waiting for it to serve.
+    pub fn spawn(&mut self, i: usize) -> Result<()> {
+        if self.members[i].child.is_some() {
+            bail!("member {} is already running", self.members[i].name);
+        }
+        let args = self.args(i);
+        let m = &mut self.members[i];
+        let open = |p: &Path| OpenOptions::new().create(true).append(true).open(p);
+        let stdout =
+            open(&m.stdout_log).with_context(|| format!("opening {}", m.stdout_log.display()))?;
+        let mut stderr =
+            open(&m.stderr_log).with_context(|| format!("opening {}", m.stderr_log.display()))?;
+        m.starts += 1;
+        writeln!(
+            stderr,
+            "=== picket-tests: start #{} of {}: {} {} ===",
+            m.starts,
+            m.name,
+            self.bin.display(),
+            args.join(" ")
+        )?;
+        let child = Command::new(&self.bin)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .with_context(|| format!("spawning {}", self.bin.display()))?;
+        info!(member = %m.name, pid = child.id(), start = m.starts, "spawned member");
+        m.child = Some(child);
+        m.paused = false;
+        Ok(())
+    }
+
+    /// One linearizable `get` against member `i`, returning the member id in its header.
+    async fn probe(&self, i: usize) -> Result<u64> {
+        let mut c = connect(&self.members[i].client_url, PROBE_TIMEOUT).await?;
+        let resp = c.get("picket-e2e-ready", None).await?;
+        let header = resp.header().context("range response without a header")?;
+        Ok(header.member_id())
+    }
+
+    /// Waits until member `i` answers a linearizable `get`, failing early if its process exits.
+    pub async fn wait_ready(&mut self, i: usize, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        // Bounded in count too: each attempt takes at least POLL_INTERVAL.
+        let max_attempts = timeout.as_millis() / POLL_INTERVAL.as_millis() + 1;
+        let mut last_err = anyhow!("no attempt made");
+        for _ in 0..max_attempts {
+            if let Some(status) = self.try_wait(i)? {
+                bail!(
+                    "member {} exited ({status}) before serving; log tail:\n{}",
+                    self.members[i].name,
+                    self.log_tail(i)
+                );
+            }
+            match self.probe(i).await {
+                Ok(id) => {
+                    self.members[i].member_id = Some(id);
+                    return Ok(());
+                }
+                Err(e) => last_err = e,
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+        bail!(
+            "member {} ({}) did not answer a linearizable get within {timeout:?}; last error: \
+             {last_err:#}; log tail:\n{}",
+            self.members[i].name,
+            self.members[i].client_url,
+            self.log_tail(i)
+        )
+    }
+
+    /// Waits until every running member is ready, sharing one `timeout`.
+    pub async fn wait_all_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        for i in 0..self.len() {
+            if self.state(i) == MemberState::Running {
+                let left = deadline.saturating_duration_since(Instant::now()).max(POLL_INTERVAL);
+                self.wait_ready(i, left).await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn try_wait(&mut self, i: usize) -> Result<Option<ExitStatus>> {
+        let m = &mut self.members[i];
+        let Some(child) = m.child.as_mut() else {
+            bail!("member {} is not running", m.name);
+        };
+        let status = child.try_wait().context("checking the member process")?;
+        if status.is_some() {
+            m.child = None;
+            m.paused = false;
+        }
+        Ok(status)
+    }
+
+    fn pid(&self, i: usize) -> Result<u32> {
+        let m = &self.members[i];
+        m.child.as_ref().map(Child::id).with_context(|| format!("member {} is not running", m.name))
+    }
+
+    /// SIGKILLs member `i` and reaps it. A SIGKILLed process cannot delay its exit, so the
+    /// `wait` returns as soon as the kernel has torn it down.
+    pub fn kill(&mut self, i: usize) -> Result<()> {
+        let m = &mut self.members[i];
+        let mut child =
+            m.child.take().with_context(|| format!("member {} is not running", m.name))?;
+        info!(member = %m.name, pid = child.id(), "SIGKILL");
+        child.kill().context("SIGKILL")?;
+        child.wait().context("reaping a killed member")?;
+        m.paused = false;
+        Ok(())
+    }
+
+    /// SIGTERMs member `i` and waits (at most [`STOP_TIMEOUT`]) for a clean exit. A member
+    /// that does not exit in time is SIGKILLed and reported as an error.
+    pub async fn stop(&mut self, i: usize) -> Result<ExitStatus> {
+        if self.members[i].paused {
+            self.resume(i)?;
+        }
+        let pid = self.pid(i)?;
+        info!(member = %self.members[i].name, pid, "SIGTERM");
+        send_signal(pid, "TERM")?;
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        loop {
+            if let Some(status) = self.try_wait(i)? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                let name = self.members[i].name.clone();
+                self.kill(i)?;
+                bail!(
+                    "member {name} did not exit within {STOP_TIMEOUT:?} of SIGTERM; SIGKILLed it"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts member `i` again with the same flags and data directory and waits until it serves
+    /// linearizable reads (so it has caught up with the leader's commit index).
+    pub async fn restart(&mut self, i: usize) -> Result<()> {
+        self.spawn(i)?;
+        self.wait_ready(i, READY_TIMEOUT).await
+    }
+
+    /// Starts every member that is down, then waits until all serve. Needed after killing a
+    /// majority, when no single member can become ready on its own.
+    pub async fn restart_all(&mut self) -> Result<()> {
+        for i in 0..self.len() {
+            if self.state(i) == MemberState::Down {
+                self.spawn(i)?;
+            }
+        }
+        self.wait_all_ready(READY_TIMEOUT).await
+    }
+
+    /// SIGSTOPs member `i`: it keeps its sockets but does nothing, like a long GC pause.
+    pub fn pause(&mut self, i: usize) -> Result<()> {
+        let pid = self.pid(i)?;
+        info!(member = %self.members[i].name, pid, "SIGSTOP");
+        send_signal(pid, "STOP")?;
+        self.members[i].paused = true;
+        Ok(())
+    }
+
+    /// SIGCONTs a paused member.
+    pub fn resume(&mut self, i: usize) -> Result<()> {
+        let pid = self.pid(i)?;
+        info!(member = %self.members[i].name, pid, "SIGCONT");
+        send_signal(pid, "CONT")?;
+        self.members[i].paused = false;
+        Ok(())
+    }
+
+    /// The tail of member `i`'s stderr log (where picketd logs).
+    pub fn log_tail(&self, i: usize) -> String {
+        tail(&self.members[i].stderr_log, LOG_TAIL_LINES)
+    }
+
+    /// Prints the tail of every member's logs to stderr.
+    pub fn print_logs(&self) {
+        for (i, m) in self.members.iter().enumerate() {
+            eprintln!(
+                "----- {} ({}) stderr, last {LOG_TAIL_LINES} lines -----",
+                m.name, m.client_url
+            );
+            eprintln!("{}", self.log_tail(i));
+            let out = tail(&m.stdout_log, 10);
+            if !out.trim().is_empty() {
+                eprintln!("----- {} stdout, last 10 lines -----\n{out}", m.name);
+            }
+        }
+    }
+
+    /// Marks the test as passed and stops every member. A cluster dropped without this prints
+    /// its members' logs, because the test failed or returned early.
+    pub fn finish(mut self) {
+        self.finished = true;
+    }
+
+    fn kill_all(&mut self) {
+        for m in &mut self.members {
+            if let Some(mut child) = m.child.take() {
+                // Errors are ignored: the process may have exited on its own already.
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let failed = std::thread::panicking() || !self.finished;
+        self.kill_all();
+        if failed {
+            eprintln!(
+                "===== picket-tests: cluster at {} dropped after a failure; member logs follow =====",
+                self.root().display()
+            );
+            self.print_logs();
+        }
+        if std::env::var_os(KEEP_ENV).is_some() {
+            if let Some(root) = self.root.take() {
+                eprintln!("picket-tests: keeping {}", root.keep().display());
+            }
+        }
+    }
+}
