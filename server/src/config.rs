@@ -98,8 +98,13 @@ pub struct Config {
     #[arg(long = "max-txn-ops", env = "PICKET_MAX_TXN_OPS", default_value_t = DEFAULT_MAX_TXN_OPS)]
     pub max_txn_ops: usize,
 
+    /// How often a watcher that asked for progress notifications gets one when idle
+    /// (etcd's default is 10 minutes). Accepts `500ms`, `30s`, `10m`.
+    #[arg(long = "watch-progress-notify-interval", env = "PICKET_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    pub watch_progress_notify_interval: Duration,
+
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax (e.g. `info`, `picket_server=debug`).
-    #[arg(long = "log-level", env = "PICKET_LOG_LEVEL", default_value = "info")]
+    #[arg(long = "log-level", env = "PICKET_LOG_LEVEL", default_value = "info,openraft=warn")]
     pub log_level: String,
 }
 
@@ -127,6 +132,27 @@ pub enum ConfigError {
 pub struct InitialMember {
     pub name: String,
     pub peer_urls: Vec<String>,
+}
+
+/// Parses a duration written as a number and a unit: `ms`, `s`, `m` or `h`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{s:?}: missing unit (ms, s, m, h)"))?;
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?}: not a whole number"))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+    };
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be greater than zero"));
+    }
+    Ok(d)
 }
 
 fn split_urls(s: &str) -> Vec<String> {
@@ -273,6 +299,15 @@ mod tests {
 
     fn parse(args: &[&str]) -> Config {
         Config::parse_from(std::iter::once("picketd").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert!(parse_duration("10").is_err());
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("3d").is_err());
     }
 
     #[test]

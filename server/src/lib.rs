@@ -5,6 +5,7 @@
 //! - [`raft`]: openraft types, peer network and service, proposal forwarding, bootstrap.
 //! - [`storage`]: RocksDB engine, the Raft log store, the state machine (decode and dispatch
 //!   only) and snapshots.
+//! - [`watch`]: event selection for watchers, fed from apply.
 //! - [`mvcc`], [`lease`]: the replicated data model. They never import openraft and never read
 //!   clocks, so apply is deterministic.
 
@@ -15,3 +16,4 @@ pub mod mvcc;
 pub mod node;
 pub mod raft;
 pub mod storage;
+pub mod watch;

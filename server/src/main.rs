@@ -1,5 +1,7 @@
 //! `picketd`: parses flags, starts tracing, runs a member until SIGINT/SIGTERM.
 
+use std::io::IsTerminal;
+
 use anyhow::Context;
 use clap::Parser;
 use picket_server::config::Config;
@@ -11,6 +13,7 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&cfg.log_level).context("--log-level")?)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let mut node = picket_server::node::start(cfg).await.context("starting picketd")?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

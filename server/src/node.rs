@@ -4,6 +4,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use picket_proto::etcdserverpb::kv_server::KvServer;
+use picket_proto::etcdserverpb::lease_server::LeaseServer;
+use picket_proto::etcdserverpb::watch_server::WatchServer;
 use picket_proto::picket::raft::v1::raft_service_server::RaftServiceServer;
 use thiserror::Error;
 use tokio::net::TcpListener;
@@ -12,6 +14,8 @@ use tokio::task::JoinSet;
 use tokio_stream::wrappers::TcpListenerStream;
 
 use crate::api::kv::KvService;
+use crate::api::lease::{LeaseLeader, LeaseRelayTarget, LeaseService};
+use crate::api::watch::WatchService;
 use crate::api::Ctx;
 use crate::config::{Config, ConfigError};
 use crate::raft::bootstrap;
@@ -119,6 +123,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         proposer: proposer.clone(),
         max_request_bytes: cfg.max_request_bytes,
         max_txn_ops: cfg.max_txn_ops,
+        lease_leader: LeaseLeader::default(),
     });
 
     // Bind everything before initializing, so a port conflict fails the start cleanly and
@@ -129,7 +134,8 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     let mut servers = JoinSet::new();
 
     for l in peer_listeners {
-        let svc = RaftServiceServer::new(PeerService::new(proposer.clone()))
+        let relay = Arc::new(LeaseRelayTarget(ctx.clone()));
+        let svc = RaftServiceServer::new(PeerService::new(proposer.clone(), relay))
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
         let mut stop_rx = stop_rx.clone();
@@ -150,11 +156,20 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         let kv = KvServer::new(KvService::new(ctx.clone()))
             .max_decoding_message_size(max_decode)
             .max_encoding_message_size(usize::MAX);
+        let lease = LeaseServer::new(LeaseService::new(ctx.clone()))
+            .max_decoding_message_size(max_decode)
+            .max_encoding_message_size(usize::MAX);
+        let watch =
+            WatchServer::new(WatchService::new(ctx.clone(), cfg.watch_progress_notify_interval))
+                .max_decoding_message_size(max_decode)
+                .max_encoding_message_size(usize::MAX);
         let mut stop_rx = stop_rx.clone();
         servers.spawn(
             tonic::transport::Server::builder()
                 .add_service(health_service.clone())
                 .add_service(kv)
+                .add_service(lease)
+                .add_service(watch)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
                     let _ = stop_rx.wait_for(|s| *s).await;
                 }),
@@ -166,6 +181,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
     }
+    tokio::spawn(crate::api::lease::run_expiry(ctx.clone(), stop_rx.clone()));
     tracing::info!(node_id, client_urls = ?cfg.advertise_client_urls(), "picketd serving");
     Ok(RunningNode { node_id, raft, ctx, stop, servers })
 }

@@ -562,7 +562,8 @@ impl Cluster {
     fn kill_all(&mut self) {
         for m in &mut self.members {
             if let Some(mut child) = m.child.take() {
-                // Errors are ignored: the process may have exited on its own already.
+                // Errors are ignored: the process may have exited on its own already. The wait
+                // is prompt because a SIGKILLed process cannot delay its exit.
                 let _ = child.kill();
                 let _ = child.wait();
             }

@@ -8,6 +8,7 @@
 //! or may not be present, but if present it has its own value.
 
 use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -408,7 +409,13 @@ async fn stopped_member_catches_up_by_snapshot() -> Result<()> {
 
     info!(member = cluster.name(lagger), "SIGTERM one member, then write while it is down");
     let status = cluster.stop(lagger).await?;
-    info!(?status, "member stopped");
+    // A graceful stop exits 0 (picketd) or dies by the SIGTERM it re-raises (etcd); anything
+    // else (a panic's exit code 101, SIGABRT, SIGSEGV) means shutdown crashed.
+    assert!(
+        status.success() || status.signal() == Some(15),
+        "{} did not shut down cleanly on SIGTERM: {status}",
+        cluster.name(lagger)
+    );
     let mut mid_rev = 0;
     for i in 0..400u32 {
         let c = &mut clients[(i % 2) as usize];

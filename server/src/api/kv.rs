@@ -31,7 +31,7 @@ pub async fn range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse, Status
     if !req.serializable {
         ctx.read_barrier().await?;
     }
-    let mut resp = ctx.sm.with_store(|s| s.range(&req)).map_err(|e| mvcc_status(&e))?;
+    let mut resp = ctx.sm.reader().range(&req).map_err(|e| mvcc_status(&e))?;
     ctx.stamp(&mut resp.header);
     Ok(resp)
 }

@@ -4,7 +4,9 @@
 //! [`status`].
 
 pub mod kv;
+pub mod lease;
 pub mod status;
+pub mod watch;
 
 use std::sync::Arc;
 
@@ -27,6 +29,8 @@ pub struct Ctx {
     pub proposer: Proposer,
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
+    /// The leader's lease clock (idle on followers).
+    pub lease_leader: lease::LeaseLeader,
 }
 
 impl Ctx {

@@ -1,9 +1,12 @@
-//! Leases: a deterministic table of granted leases, changed only by applied Raft commands.
+//! Leases: a deterministic table of granted leases, changed only by applied Raft commands, and
+//! the leader's clock that decides when they expire.
 //!
-//! The table knows ids and TTLs; it never reads a clock. Deciding that a lease has expired is
-//! the leader's job (a clock-driven task outside apply that proposes a revoke), so every member
-//! deletes a lease's keys at the same revision.
+//! The table ([`LeaseTable`]) knows ids and TTLs and never reads a clock. Deciding that a lease
+//! has expired is the leader's job ([`LeaseClock`], driven by a task outside apply), which then
+//! proposes a revoke, so every member deletes a lease's keys at the same revision.
 
+mod keeper;
 mod table;
 
-pub use table::{LeaseError, LeaseTable};
+pub use keeper::LeaseClock;
+pub use table::{LeaseError, LeaseTable, MAX_TTL_SECONDS, MIN_TTL_SECONDS};

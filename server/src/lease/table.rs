@@ -7,10 +7,11 @@ use thiserror::Error;
 
 use crate::mvcc::LeaseLookup;
 
-/// etcd's minimum TTL is derived from the election timeout; Picket uses a fixed floor so the
-/// value is deterministic in apply. A lease shorter than a few election timeouts would expire
-/// spuriously on every leader change.
-pub const MIN_TTL_SECONDS: i64 = 5;
+/// The shortest TTL granted; shorter requests are raised to it, as etcd does. etcd derives its
+/// floor from the election timeout (1.5 election timeouts, 2 s with the defaults); Picket uses
+/// the same 2 s as a constant so apply stays deterministic. Leader changes cannot make a short
+/// lease expire early: a new leader restarts every lease's full TTL (see `LeaseClock`).
+pub const MIN_TTL_SECONDS: i64 = 2;
 
 /// The largest TTL etcd accepts (`MaxLeaseTTL`, 9e9 seconds).
 pub const MAX_TTL_SECONDS: i64 = 9_000_000_000;

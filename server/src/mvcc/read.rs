@@ -198,9 +198,12 @@ pub fn range(
     }
 
     // etcd sorts ascending by default when the target is not the key (keys already come in key
-    // order). Go's sort.Sort is not stable, so etcd leaves the order of ties unspecified; we use
-    // a stable sort, so ties stay in key order in both directions. Unknown enum values sort
-    // nothing (etcd rejects them in the API layer or panics).
+    // order). It does so after the fetch above, which looked at the raw sort order: a non-key
+    // target with order NONE and a limit sorts only the first limit + 1 keys (etcd quirk, kept;
+    // clients asking for a real sort send ASCEND or DESCEND). Go's sort.Sort is not stable, so
+    // etcd leaves the order of ties unspecified; we use a stable sort, so ties stay in key order
+    // in both directions. Unknown enum values sort nothing (etcd rejects them in the API layer
+    // or panics).
     let target = SortTarget::try_from(req.sort_target).ok();
     let order = match (sort_order, target) {
         (Some(SortOrder::None), Some(t)) if t != SortTarget::Key => Some(SortOrder::Ascend),

@@ -25,11 +25,7 @@ fn store() -> MvccStore<MemEngine> {
 }
 
 fn put_req(k: &[u8], v: &[u8]) -> PutRequest {
-    PutRequest {
-        key: k.to_vec(),
-        value: v.to_vec(),
-        ..Default::default()
-    }
+    PutRequest { key: k.to_vec(), value: v.to_vec(), ..Default::default() }
 }
 
 fn put(s: &mut MvccStore<MemEngine>, k: &[u8], v: &[u8]) -> i64 {
@@ -65,20 +61,13 @@ fn txn(s: &mut MvccStore<MemEngine>, t: TxnRequest) -> Result<TxnResponse, MvccE
 
 fn compact(s: &mut MvccStore<MemEngine>, rev: i64) -> Result<(), MvccError> {
     let mut b = s.begin_apply();
-    let r = b.compact(&CompactionRequest {
-        revision: rev,
-        physical: false,
-    });
+    let r = b.compact(&CompactionRequest { revision: rev, physical: false });
     b.commit(false).unwrap();
     r.map(|_| ())
 }
 
 fn rng(k: &[u8], end: &[u8]) -> RangeRequest {
-    RangeRequest {
-        key: k.to_vec(),
-        range_end: end.to_vec(),
-        ..Default::default()
-    }
+    RangeRequest { key: k.to_vec(), range_end: end.to_vec(), ..Default::default() }
 }
 
 fn keys_of(kvs: &[KeyValue]) -> Vec<&[u8]> {
@@ -138,7 +127,16 @@ fn range_key_and_range_end_semantics() {
     // Prefix "a\x00": range_end "a\x01".
     assert_eq!(q(b"a\x00", b"a\x01"), vec![b"a\x00".to_vec(), b"a\x00\x00".to_vec()]);
     // "\0" range_end: every key >= key.
-    assert_eq!(q(b"ab", b"\x00"), vec![b"ab".to_vec(), b"b".to_vec(), b"\xff".to_vec(), b"\xff\xff".to_vec()]);
+    assert_eq!(
+        q(b"ab", b"\x00"),
+        vec![
+            b"ab".to_vec(),
+            b"a\xff".to_vec(),
+            b"b".to_vec(),
+            b"\xff".to_vec(),
+            b"\xff\xff".to_vec()
+        ]
+    );
     assert_eq!(q(b"\x00", b"\x00").len(), 8, "key and range_end \\0 select every key");
     assert!(q(b"b", b"a").is_empty(), "range_end below key is empty");
     assert!(q(b"zz", b"").is_empty());
@@ -187,6 +185,16 @@ fn range_limit_count_sort_and_filters() {
     // Ties keep key order: every key but "a" has version 1.
     r.sort_target = SortTarget::Version as i32;
     assert_eq!(keys_of(&s.range(&r).unwrap().kvs), vec![&b"a"[..], b"b", b"c", b"d"]);
+
+    // etcd quirk: a non-key target with order NONE and a limit sorts only the first limit + 1
+    // keys in key order (a=3, b=4 by create revision), not the whole range (c=2 would win).
+    let mut r = all();
+    r.sort_target = SortTarget::Create as i32;
+    r.limit = 1;
+    let resp = s.range(&r).unwrap();
+    assert_eq!((keys_of(&resp.kvs), resp.more), (vec![&b"a"[..]], true));
+    r.sort_order = SortOrder::Ascend as i32;
+    assert_eq!(keys_of(&s.range(&r).unwrap().kvs), vec![&b"c"[..]]);
 
     // Filters prune kvs but not count; limit applies after them.
     let mut r = all();
@@ -284,28 +292,15 @@ fn cmp(k: &[u8], target: CompareTarget, result: CompareResult, operand: TargetUn
 }
 
 fn op_put(k: &[u8], v: &[u8]) -> RequestOp {
-    RequestOp {
-        request: Some(Op::RequestPut(put_req(k, v))),
-    }
+    RequestOp { request: Some(Op::RequestPut(put_req(k, v))) }
 }
 
 fn op_get(k: &[u8], end: &[u8]) -> RequestOp {
-    RequestOp {
-        request: Some(Op::RequestRange(rng(k, end))),
-    }
+    RequestOp { request: Some(Op::RequestRange(rng(k, end))) }
 }
 
 fn succeeded(s: &mut MvccStore<MemEngine>, c: Compare) -> bool {
-    txn(
-        s,
-        TxnRequest {
-            compare: vec![c],
-            success: vec![],
-            failure: vec![],
-        },
-    )
-    .unwrap()
-    .succeeded
+    txn(s, TxnRequest { compare: vec![c], success: vec![], failure: vec![] }).unwrap().succeeded
 }
 
 #[test]
@@ -400,12 +395,7 @@ fn failed_requests_leave_no_trace() {
     bad.lease = 99;
     let t = TxnRequest {
         compare: vec![],
-        success: vec![
-            op_put(b"b", b"1"),
-            RequestOp {
-                request: Some(Op::RequestPut(bad.clone())),
-            },
-        ],
+        success: vec![op_put(b"b", b"1"), RequestOp { request: Some(Op::RequestPut(bad.clone())) }],
         failure: vec![],
     };
     assert_eq!(b.txn(&t, &leases()), Err(MvccError::LeaseNotFound(99)));
@@ -418,11 +408,7 @@ fn failed_requests_leave_no_trace() {
     assert_eq!(r.header.unwrap().revision, 3);
     // ...and a delete inside the batch sees the batch's own put.
     let d = b
-        .delete_range(&DeleteRangeRequest {
-            key: b"d".to_vec(),
-            range_end: vec![],
-            prev_kv: true,
-        })
+        .delete_range(&DeleteRangeRequest { key: b"d".to_vec(), range_end: vec![], prev_kv: true })
         .unwrap();
     assert_eq!((d.deleted, d.prev_kvs[0].value.as_slice()), (1, &b"1"[..]));
     let events = b.commit(false).unwrap();
@@ -442,12 +428,7 @@ fn txn_range_checks_run_before_ops() {
     future.revision = 3;
     let t = TxnRequest {
         compare: vec![],
-        success: vec![
-            op_put(b"a", b"1"),
-            RequestOp {
-                request: Some(Op::RequestRange(future)),
-            },
-        ],
+        success: vec![op_put(b"a", b"1"), RequestOp { request: Some(Op::RequestRange(future)) }],
         failure: vec![],
     };
     // etcd checks a range revision against the revision before the txn.
@@ -458,9 +439,7 @@ fn txn_range_checks_run_before_ops() {
     neg.revision = -2;
     let t = TxnRequest {
         compare: vec![],
-        success: vec![RequestOp {
-            request: Some(Op::RequestRange(neg)),
-        }],
+        success: vec![RequestOp { request: Some(Op::RequestRange(neg)) }],
         failure: vec![],
     };
     assert_eq!(txn(&mut s, t), Err(MvccError::Compacted));
@@ -540,22 +519,14 @@ fn raw_records_and_read_only_txns() {
     assert_eq!(s.engine().get(Cf::Meta, b"raft/x").unwrap(), None);
 
     let reader = s.reader();
-    let t = TxnRequest {
-        compare: vec![],
-        success: vec![op_get(b"a", b"")],
-        failure: vec![],
-    };
+    let t = TxnRequest { compare: vec![], success: vec![op_get(b"a", b"")], failure: vec![] };
     let resp = reader.read_txn(&t).unwrap();
     assert_eq!(resp.header.unwrap().revision, 2);
     let Some(Response::ResponseRange(r)) = &resp.responses[0].response else {
         panic!("range response expected");
     };
     assert_eq!(r.kvs[0].value, b"1");
-    let t = TxnRequest {
-        compare: vec![],
-        success: vec![op_put(b"a", b"2")],
-        failure: vec![],
-    };
+    let t = TxnRequest { compare: vec![], success: vec![op_put(b"a", b"2")], failure: vec![] };
     assert_eq!(reader.read_txn(&t), Err(MvccError::TxnNotReadOnly));
     assert_eq!(reader.revisions().unwrap(), (2, -1));
 }

@@ -70,10 +70,12 @@ pub struct PeerClient {
 type RpcResult<T, E> = Result<T, RPCError<NodeId, Member, RaftError<NodeId, E>>>;
 
 /// One unary method of the generated peer client, boxed so `call` can share the plumbing.
-type PeerMethod = fn(
-    RaftServiceClient<Channel>,
-    RaftPayload,
-) -> futures::future::BoxFuture<'static, Result<tonic::Response<RaftPayload>, tonic::Status>>;
+type PeerMethod =
+    fn(
+        RaftServiceClient<Channel>,
+        RaftPayload,
+    )
+        -> futures::future::BoxFuture<'static, Result<tonic::Response<RaftPayload>, tonic::Status>>;
 
 impl PeerClient {
     async fn call<Req, Resp, E>(

@@ -229,6 +229,15 @@ impl Proposer {
         }
     }
 
+    /// A client for the current leader, if one is known and it is not this member.
+    pub fn leader_client(&self) -> Option<RaftServiceClient<Channel>> {
+        let leader = self.inner.raft.metrics().borrow().current_leader?;
+        if leader == self.inner.node_id {
+            return None;
+        }
+        self.peer_client(leader)
+    }
+
     /// The peer URL of `node_id` according to the current membership, with a cached client.
     fn peer_client(&self, node_id: NodeId) -> Option<RaftServiceClient<Channel>> {
         let url = {

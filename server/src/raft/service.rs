@@ -1,6 +1,11 @@
 //! The peer-facing gRPC service: openraft's three RPCs plus the two a follower needs to serve
 //! any client request (forwarding a proposal, asking for a read index).
 
+use std::sync::Arc;
+
+use picket_proto::etcdserverpb::{
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
 use picket_proto::picket::raft::v1::raft_service_server::RaftService;
 use picket_proto::picket::raft::v1::{
     CommandResult, ForwardRequest, RaftPayload, ReadIndexRequest, ReadIndexResponse,
@@ -11,14 +16,26 @@ use super::network::{decode, encode};
 use super::proposer::{ProposeError, Proposer};
 use super::types::Command;
 
+/// What the leader answers for leases relayed by followers (implemented by the API layer,
+/// which owns the leader's lease clock).
+#[tonic::async_trait]
+pub trait LeaderLeases: Send + Sync + 'static {
+    async fn keep_alive(&self, id: i64) -> Result<LeaseKeepAliveResponse, Status>;
+    async fn time_to_live(
+        &self,
+        req: LeaseTimeToLiveRequest,
+    ) -> Result<LeaseTimeToLiveResponse, Status>;
+}
+
 /// Serves peer RPCs for one node.
 pub struct PeerService {
     proposer: Proposer,
+    leases: Arc<dyn LeaderLeases>,
 }
 
 impl PeerService {
-    pub fn new(proposer: Proposer) -> Self {
-        Self { proposer }
+    pub fn new(proposer: Proposer, leases: Arc<dyn LeaderLeases>) -> Self {
+        Self { proposer, leases }
     }
 }
 
@@ -85,5 +102,22 @@ impl RaftService for PeerService {
             read_index: index,
             leader_id: self.proposer.node_id(),
         }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(lease_id = req.get_ref().id))]
+    async fn lease_keep_alive(
+        &self,
+        req: Request<LeaseKeepAliveRequest>,
+    ) -> Result<Response<LeaseKeepAliveResponse>, Status> {
+        // Answered only by the leader itself: a relayed keep-alive is never relayed again.
+        self.leases.keep_alive(req.get_ref().id).await.map(Response::new)
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(lease_id = req.get_ref().id))]
+    async fn lease_time_to_live(
+        &self,
+        req: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        self.leases.time_to_live(req.into_inner()).await.map(Response::new)
     }
 }

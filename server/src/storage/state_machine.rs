@@ -24,7 +24,7 @@ use prost::Message;
 use tokio::sync::broadcast;
 
 use crate::lease::LeaseTable;
-use crate::mvcc::{ApplyBatch, MvccError, MvccStore};
+use crate::mvcc::{ApplyBatch, MvccError, MvccReader, MvccStore};
 use crate::raft::types::{
     Applied, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
@@ -45,6 +45,7 @@ pub struct RevisionEvents {
 /// State shared by the state machine (writer) and the API layer (readers).
 pub struct Shared {
     engine: RocksEngine,
+    reader: MvccReader<RocksEngine>,
     inner: RwLock<Inner>,
     snapshots: SnapshotFiles,
     snapshot_seq: AtomicU64,
@@ -113,6 +114,7 @@ impl StateMachine {
         snapshot_dir: impl Into<std::path::PathBuf>,
     ) -> Result<Self, StorageError> {
         let inner = Inner::load(&engine)?;
+        let reader = inner.store.reader();
         let snapshots = SnapshotFiles::new(snapshot_dir.into()).map_err(snap_err)?;
         // Watchers that fall this far behind are cut off and must resume from history; the bound
         // keeps a stuck watcher from holding unbounded memory.
@@ -120,6 +122,7 @@ impl StateMachine {
         Ok(Self {
             shared: Arc::new(Shared {
                 engine,
+                reader,
                 inner: RwLock::new(inner),
                 snapshots,
                 snapshot_seq: AtomicU64::new(0),
@@ -134,6 +137,12 @@ impl StateMachine {
 }
 
 impl Shared {
+    /// Reads from the MVCC store. Every read takes its own consistent engine view, so readers
+    /// need no lock and never block apply.
+    pub fn reader(&self) -> &MvccReader<RocksEngine> {
+        &self.reader
+    }
+
     /// Runs `f` with read access to the MVCC store. Reads use a consistent RocksDB view, so
     /// holding the lock only keeps the store from being swapped by a snapshot install.
     pub fn with_store<T>(&self, f: impl FnOnce(&MvccStore<RocksEngine>) -> T) -> T {
@@ -244,12 +253,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I::IntoIter: OptionalSend,
     {
         let mut guard = self.shared.inner.write();
-        let inner = &mut *guard;
-        let mut leases = inner.leases.clone();
-        let mut last_applied = inner.last_applied;
-        let mut membership = inner.membership.clone();
+        let Inner { store, leases, last_applied, membership } = &mut *guard;
         let mut results = Vec::new();
-        let mut batch = inner.store.begin_apply();
+        // The lease table is changed in place: if the batch below fails to commit, the node
+        // stops (a storage failure is fatal), so there is no half-applied table to roll back.
+        let mut batch = store.begin_apply();
         for entry in entries {
             let log_id = entry.log_id;
             if last_applied.is_some_and(|a| log_id.index <= a.index) {
@@ -262,18 +270,18 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let result = match entry.payload {
                 EntryPayload::Blank => CmdResult::Empty(Empty {}),
                 EntryPayload::Membership(m) => {
-                    membership = StoredMembership::new(Some(log_id), m);
+                    *membership = StoredMembership::new(Some(log_id), m);
                     CmdResult::Empty(Empty {})
                 }
                 EntryPayload::Normal(cmd) => match cmd.0.cmd {
-                    Some(c) => apply_command(&mut batch, &mut leases, c)?,
+                    Some(c) => apply_command(&mut batch, leases, c)?,
                     None => CmdResult::Error(CommandError {
                         code: tonic::Code::InvalidArgument as u32,
                         message: "picket: empty raft command".into(),
                     }),
                 },
             };
-            last_applied = Some(log_id);
+            *last_applied = Some(log_id);
             tracing::trace!(log_index = log_id.index, "applied entry");
             results.push(Applied(CommandResult { result: Some(result) }));
         }
@@ -288,9 +296,6 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // this batch first. A crash can lose the tail of applied state, never the log, and
         // replay restarts after the last applied id stored in the same batch.
         let revisions = batch.commit(false).map_err(|e| sm_err(ErrorVerb::Write, e))?;
-        inner.leases = leases;
-        inner.last_applied = last_applied;
-        inner.membership = membership;
         drop(guard);
         for (revision, events) in revisions {
             // No receivers is fine: nobody is watching.

@@ -1,0 +1,341 @@
+//! `etcdserverpb.Lease`: Grant, Revoke, KeepAlive, TimeToLive, Leases, and the leader-only
+//! expiry task.
+//!
+//! Grants and revokes are Raft commands. Keep-alives and time-to-live questions are answered by
+//! the leader's [`LeaseClock`]; a follower relays them to the leader over the peer service, so a
+//! client may keep a lease alive through any member.
+
+use std::collections::HashSet;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use parking_lot::Mutex;
+use picket_proto::etcdserverpb::lease_server::Lease;
+use picket_proto::etcdserverpb::{
+    LeaseGrantRequest, LeaseGrantResponse, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    LeaseLeasesRequest, LeaseLeasesResponse, LeaseRevokeRequest, LeaseRevokeResponse, LeaseStatus,
+    LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use super::status::{lease_status, mvcc_status};
+use super::{unexpected, Ctx};
+use crate::lease::{LeaseClock, LeaseError, MAX_TTL_SECONDS};
+use crate::raft::proposer::ProposeError;
+
+/// How often the leader looks for expired leases. A lease can outlive its deadline by up to one
+/// tick plus one Raft commit; a shorter tick costs a scan of the lease table each time.
+const EXPIRY_TICK: Duration = Duration::from_millis(100);
+
+/// At most this many revokes in flight at once (etcd limits revocations to 1000/s), so a mass
+/// expiry cannot flood the Raft log ahead of client writes.
+const MAX_REVOKES_IN_FLIGHT: usize = 64;
+
+/// Attempts at a server-chosen lease id. A collision among random 63-bit ids is
+/// astronomically rare; the retry exists so one can never surface to a client.
+const GRANT_ID_ATTEMPTS: usize = 3;
+
+pub struct LeaseService {
+    ctx: Arc<Ctx>,
+}
+
+impl LeaseService {
+    pub fn new(ctx: Arc<Ctx>) -> Self {
+        Self { ctx }
+    }
+}
+
+/// Leader-side lease state shared by the service and the expiry task.
+#[derive(Default)]
+pub struct LeaseLeader {
+    clock: Mutex<LeaseClock>,
+}
+
+impl LeaseLeader {
+    /// Brings the clock in line with the current Raft role. Returns the term if leader.
+    fn sync_role(&self, ctx: &Ctx) -> Option<u64> {
+        let term = {
+            let metrics = ctx.proposer.raft().metrics();
+            let m = metrics.borrow();
+            (m.current_leader == Some(ctx.member_id)).then_some(m.current_term)
+        };
+        self.clock.lock().set_leader_term(term);
+        term
+    }
+}
+
+/// Runs on the member that receives the grant, before proposing: the id is part of the
+/// command, so apply stays deterministic.
+#[allow(clippy::disallowed_methods)]
+fn random_lease_id() -> i64 {
+    // Positive and non-zero: etcd clients treat 0 as "no lease" and print ids as unsigned hex.
+    (rand::random::<u64>() >> 1).max(1) as i64
+}
+
+/// Answers a keep-alive on the leader: confirms leadership with a quorum first, so a deposed
+/// leader cannot extend a lease the real leader is about to expire.
+pub async fn keep_alive_local(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
+    ctx.proposer.local_read_index().await.map_err(ProposeError::into_status)?;
+    if ctx.lease_leader.sync_role(ctx).is_none() {
+        return Err(ProposeError::NotLeader(None).into_status());
+    }
+    let ttl = ctx.sm.with_leases(|t| t.get(id).map(|r| r.ttl));
+    let ttl = match ttl {
+        Some(ttl) => {
+            ctx.lease_leader.clock.lock().renew(id, ttl, Instant::now());
+            ttl
+        }
+        None => 0,
+    };
+    Ok(LeaseKeepAliveResponse { header: Some(ctx.header(ctx.sm.revision())), id, ttl })
+}
+
+/// Answers TimeToLive on the leader.
+pub async fn time_to_live_local(
+    ctx: &Ctx,
+    req: &LeaseTimeToLiveRequest,
+) -> Result<LeaseTimeToLiveResponse, Status> {
+    ctx.proposer.local_read_index().await.map_err(ProposeError::into_status)?;
+    if ctx.lease_leader.sync_role(ctx).is_none() {
+        return Err(ProposeError::NotLeader(None).into_status());
+    }
+    let granted = ctx.sm.with_leases(|t| t.get(req.id).map(|r| r.ttl));
+    let Some(granted) = granted else {
+        return Ok(LeaseTimeToLiveResponse {
+            header: Some(ctx.header(ctx.sm.revision())),
+            id: req.id,
+            ttl: -1,
+            granted_ttl: 0,
+            keys: Vec::new(),
+        });
+    };
+    let ttl = ctx.lease_leader.clock.lock().remaining_seconds(req.id, granted, Instant::now());
+    let keys = if req.keys {
+        ctx.sm.reader().keys_of_lease(req.id).map_err(|e| mvcc_status(&e))?
+    } else {
+        Vec::new()
+    };
+    Ok(LeaseTimeToLiveResponse {
+        header: Some(ctx.header(ctx.sm.revision())),
+        id: req.id,
+        ttl,
+        granted_ttl: granted,
+        keys,
+    })
+}
+
+/// Keep-alive from any member: local on the leader, relayed otherwise.
+async fn keep_alive(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
+    let deadline = Instant::now() + ctx.proposer.request_timeout();
+    loop {
+        match keep_alive_local(ctx, id).await {
+            Err(s) if s.code() == Code::Unavailable => {}
+            other => return other,
+        }
+        // Not the leader: relay. Keep-alives are idempotent, so a failed relay is retried until
+        // the request deadline.
+        if let Some(mut peer) = ctx.proposer.leader_client() {
+            match peer.lease_keep_alive(LeaseKeepAliveRequest { id }).await {
+                Ok(r) => {
+                    let mut r = r.into_inner();
+                    r.header = Some(ctx.header(ctx.sm.revision()));
+                    return Ok(r);
+                }
+                Err(s) => tracing::debug!(lease_id = id, error = %s, "keep-alive relay failed"),
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(ProposeError::NoLeader.into_status());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The leader's answers to relayed lease requests.
+pub struct LeaseRelayTarget(pub Arc<Ctx>);
+
+#[tonic::async_trait]
+impl crate::raft::service::LeaderLeases for LeaseRelayTarget {
+    async fn keep_alive(&self, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
+        keep_alive_local(&self.0, id).await
+    }
+
+    async fn time_to_live(
+        &self,
+        req: LeaseTimeToLiveRequest,
+    ) -> Result<LeaseTimeToLiveResponse, Status> {
+        time_to_live_local(&self.0, &req).await
+    }
+}
+
+type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Lease for LeaseService {
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn lease_grant(
+        &self,
+        req: Request<LeaseGrantRequest>,
+    ) -> Result<Response<LeaseGrantResponse>, Status> {
+        let req = req.into_inner();
+        if req.ttl > MAX_TTL_SECONDS {
+            return Err(lease_status(&LeaseError::TtlTooLarge));
+        }
+        if req.id < 0 {
+            return Err(Status::invalid_argument("picket: lease id must not be negative"));
+        }
+        let attempts = if req.id == 0 { GRANT_ID_ATTEMPTS } else { 1 };
+        for attempt in 1..=attempts {
+            let id = if req.id == 0 { random_lease_id() } else { req.id };
+            match self.ctx.propose(Cmd::LeaseGrant(LeaseGrantRequest { ttl: req.ttl, id })).await {
+                Ok(CmdResult::LeaseGrant(mut r)) => {
+                    r.header = Some(self.ctx.header(self.ctx.sm.revision()));
+                    return Ok(Response::new(r));
+                }
+                Ok(_) => return Err(unexpected("lease_grant")),
+                Err(s)
+                    if s.code() == Code::FailedPrecondition
+                        && req.id == 0
+                        && attempt < attempts =>
+                {
+                    tracing::warn!(lease_id = id, "random lease id collided; retrying");
+                }
+                Err(s) => return Err(s),
+            }
+        }
+        Err(Status::internal("picket: could not choose a free lease id"))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(lease_id = req.get_ref().id))]
+    async fn lease_revoke(
+        &self,
+        req: Request<LeaseRevokeRequest>,
+    ) -> Result<Response<LeaseRevokeResponse>, Status> {
+        match self.ctx.propose(Cmd::LeaseRevoke(req.into_inner())).await? {
+            CmdResult::LeaseRevoke(mut r) => {
+                self.ctx.stamp(&mut r.header);
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected("lease_revoke")),
+        }
+    }
+
+    type LeaseKeepAliveStream = KeepAliveStream;
+
+    async fn lease_keep_alive(
+        &self,
+        req: Request<Streaming<LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        let mut incoming = req.into_inner();
+        // Bounded: a client that stops reading responses stops having its requests read.
+        let (tx, rx) = mpsc::channel(64);
+        let ctx = self.ctx.clone();
+        tokio::spawn(async move {
+            while let Some(msg) = incoming.next().await {
+                let Ok(msg) = msg else { break };
+                let resp = keep_alive(&ctx, msg.id).await;
+                let failed = resp.is_err();
+                if tx.send(resp).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn lease_time_to_live(
+        &self,
+        req: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        let req = req.into_inner();
+        match time_to_live_local(&self.ctx, &req).await {
+            Err(s) if s.code() == Code::Unavailable => {}
+            other => return other.map(Response::new),
+        }
+        let deadline = Instant::now() + self.ctx.proposer.request_timeout();
+        loop {
+            if let Some(mut peer) = self.ctx.proposer.leader_client() {
+                match peer.lease_time_to_live(req).await {
+                    Ok(r) => {
+                        let mut r = r.into_inner();
+                        r.header = Some(self.ctx.header(self.ctx.sm.revision()));
+                        return Ok(Response::new(r));
+                    }
+                    // A read: safe to retry until the deadline.
+                    Err(s) => {
+                        tracing::debug!(lease_id = req.id, error = %s, "time-to-live relay failed")
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(ProposeError::NoLeader.into_status());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn lease_leases(
+        &self,
+        _req: Request<LeaseLeasesRequest>,
+    ) -> Result<Response<LeaseLeasesResponse>, Status> {
+        self.ctx.read_barrier().await?;
+        let leases =
+            self.ctx.sm.with_leases(|t| t.iter().map(|r| LeaseStatus { id: r.id }).collect());
+        Ok(Response::new(LeaseLeasesResponse {
+            header: Some(self.ctx.header(self.ctx.sm.revision())),
+            leases,
+        }))
+    }
+}
+
+/// Runs for the life of the node: while this member leads, proposes a revoke for every lease
+/// whose deadline has passed.
+pub async fn run_expiry(ctx: Arc<Ctx>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let in_flight: Arc<Mutex<HashSet<i64>>> = Arc::default();
+    let mut tick = tokio::time::interval(EXPIRY_TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        if ctx.lease_leader.sync_role(&ctx).is_none() {
+            continue;
+        }
+        let live: Vec<(i64, i64)> =
+            ctx.sm.with_leases(|t| t.iter().map(|r| (r.id, r.ttl)).collect());
+        let expired = ctx.lease_leader.clock.lock().expired(live, Instant::now());
+        for id in expired {
+            {
+                let mut busy = in_flight.lock();
+                if busy.len() >= MAX_REVOKES_IN_FLIGHT || !busy.insert(id) {
+                    continue;
+                }
+            }
+            let ctx = ctx.clone();
+            let in_flight = in_flight.clone();
+            tokio::spawn(async move {
+                tracing::info!(lease_id = id, "lease expired; revoking");
+                match ctx.propose(Cmd::LeaseRevoke(LeaseRevokeRequest { id })).await {
+                    Ok(_) => {}
+                    // Already revoked by a client or an earlier attempt.
+                    Err(s) if s.code() == Code::NotFound => {}
+                    // Leadership moved or the commit timed out: the next leader's clock takes
+                    // over, or the next tick retries; a revoke is idempotent in effect.
+                    Err(s) => tracing::warn!(lease_id = id, error = %s, "lease revoke failed"),
+                }
+                in_flight.lock().remove(&id);
+            });
+        }
+    }
+}
