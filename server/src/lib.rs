@@ -10,6 +10,7 @@
 //!   clocks, so apply is deterministic.
 
 pub mod api;
+pub mod concurrency;
 pub mod config;
 pub mod lease;
 pub mod mvcc;

@@ -7,12 +7,15 @@ use picket_proto::etcdserverpb::kv_server::KvServer;
 use picket_proto::etcdserverpb::lease_server::LeaseServer;
 use picket_proto::etcdserverpb::watch_server::WatchServer;
 use picket_proto::picket::raft::v1::raft_service_server::RaftServiceServer;
+use picket_proto::v3electionpb::election_server::ElectionServer;
+use picket_proto::v3lockpb::lock_server::LockServer;
 use thiserror::Error;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::TcpListenerStream;
 
+use crate::api::concurrency::{ElectionService, LockService};
 use crate::api::kv::KvService;
 use crate::api::lease::{LeaseLeader, LeaseRelayTarget, LeaseService};
 use crate::api::watch::WatchService;
@@ -170,6 +173,8 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
                 .add_service(kv)
                 .add_service(lease)
                 .add_service(watch)
+                .add_service(LockServer::new(LockService::new(ctx.clone())))
+                .add_service(ElectionServer::new(ElectionService::new(ctx.clone())))
                 .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
                     let _ = stop_rx.wait_for(|s| *s).await;
                 }),

@@ -36,6 +36,19 @@ pub async fn range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse, Status
     Ok(resp)
 }
 
+/// Validates and replicates a txn, returning the stamped response.
+pub async fn txn(ctx: &Ctx, req: TxnRequest) -> Result<TxnResponse, Status> {
+    ctx.check_size(&req)?;
+    validate::txn(&req, ctx.max_txn_ops).map_err(|e| mvcc_status(&e))?;
+    match ctx.propose(Cmd::Txn(req)).await? {
+        CmdResult::Txn(mut r) => {
+            ctx.stamp(&mut r.header);
+            Ok(r)
+        }
+        _ => Err(unexpected("txn")),
+    }
+}
+
 #[tonic::async_trait]
 impl Kv for KvService {
     #[tracing::instrument(level = "debug", skip_all)]
@@ -78,16 +91,7 @@ impl Kv for KvService {
 
     #[tracing::instrument(level = "debug", skip_all)]
     async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        let req = req.into_inner();
-        self.ctx.check_size(&req)?;
-        validate::txn(&req, self.ctx.max_txn_ops).map_err(|e| mvcc_status(&e))?;
-        match self.ctx.propose(Cmd::Txn(req)).await? {
-            CmdResult::Txn(mut r) => {
-                self.ctx.stamp(&mut r.header);
-                Ok(Response::new(r))
-            }
-            _ => Err(unexpected("txn")),
-        }
+        txn(&self.ctx, req.into_inner()).await.map(Response::new)
     }
 
     #[tracing::instrument(level = "debug", skip_all)]

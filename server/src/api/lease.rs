@@ -75,7 +75,7 @@ impl LeaseLeader {
 /// Runs on the member that receives the grant, before proposing: the id is part of the
 /// command, so apply stays deterministic.
 #[allow(clippy::disallowed_methods)]
-fn random_lease_id() -> i64 {
+pub(crate) fn random_lease_id() -> i64 {
     // Positive and non-zero: etcd clients treat 0 as "no lease" and print ids as unsigned hex.
     (rand::random::<u64>() >> 1).max(1) as i64
 }

@@ -3,6 +3,7 @@
 //! barrier, and stamp every response with a [`ResponseHeader`]. Errors become statuses only in
 //! [`status`].
 
+pub mod concurrency;
 pub mod kv;
 pub mod lease;
 pub mod status;

@@ -54,6 +54,18 @@ pub fn lease_status(e: &LeaseError) -> Status {
     Status::new(code, e.to_string())
 }
 
+pub fn concurrency_status(e: &crate::concurrency::ConcurrencyError) -> Status {
+    use crate::concurrency::ConcurrencyError as E;
+    match e {
+        E::Store(s) => s.clone(),
+        E::InvalidArgument(m) => Status::invalid_argument(m.clone()),
+        // etcd returns its election errors as plain errors; the text is what clients match.
+        E::NotLeader | E::NoLeader | E::KeyLost { .. } => {
+            Status::failed_precondition(e.to_string())
+        }
+    }
+}
+
 pub fn propose_status(e: ProposeError) -> Status {
     e.into_status()
 }

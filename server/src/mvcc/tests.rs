@@ -542,3 +542,36 @@ fn reads_use_one_view() {
     let resp = read::range(&view, &rng(b"a", b""), revs.current, revs.compacted).unwrap();
     assert_eq!((resp.kvs[0].value.as_slice(), resp.header.unwrap().revision), (&b"1"[..], 2));
 }
+
+#[test]
+fn long_histories_are_read_correctly_across_reseeks() {
+    // More versions than the scan's re-seek threshold, next to keys that sort around it.
+    let mut s = store();
+    put(&mut s, b"k", b"first"); // 2
+    put(&mut s, b"k\x00", b"neighbour"); // 3
+    for i in 0..50u8 {
+        put(&mut s, b"k", &[i]); // 4..=53
+    }
+    put(&mut s, b"j", b"before"); // 54
+    put(&mut s, b"l", b"after"); // 55
+    for (rev, want) in [
+        (2, Some(&b"first"[..])),
+        (3, Some(b"first")),
+        (4, Some(&[0u8][..])),
+        (30, Some(&[26u8][..])),
+        (55, Some(&[49u8][..])),
+    ] {
+        let mut r = rng(b"j", b"m");
+        r.revision = rev;
+        let resp = s.range(&r).unwrap();
+        let k = resp.kvs.iter().find(|kv| kv.key == b"k").map(|kv| kv.value.as_slice());
+        assert_eq!(k, want, "at revision {rev}");
+        let expected = [rev >= 54, true, rev >= 3, rev >= 55].iter().filter(|x| **x).count();
+        assert_eq!(resp.count as usize, expected, "at revision {rev}");
+    }
+    del(&mut s, b"k", b""); // 56
+    let resp = s.range(&rng(b"j", b"m")).unwrap();
+    assert_eq!(keys_of(&resp.kvs), vec![&b"j"[..], b"k\x00", b"l"]);
+    compact(&mut s, 56).unwrap();
+    assert_eq!(kv_records(&s), 3, "the whole history of k is gone");
+}

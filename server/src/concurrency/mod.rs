@@ -1,0 +1,102 @@
+//! Locks and elections, built in process on KV + lease + watch (etcd's `v3lock` and
+//! `v3election`, which run `clientv3/concurrency` inside the server).
+//!
+//! The recipe is etcd's: a lock named `n` is held by the oldest key under `n/`; each contender
+//! creates `n/<lease id in hex>` attached to its lease, and the key's create revision is its
+//! **fencing token**. A waiter watches only its predecessor (the newest older key) and re-checks
+//! when it is deleted, so hand-off is FIFO and happens as soon as the releasing delete is applied
+//! (no polling timer). What Picket adds: a waiter whose key vanished (its lease expired or was
+//! revoked while it waited) gets an error, never the lock, and cancelling a waiting call removes
+//! its key.
+//!
+//! The module talks to the store only through [`Backend`], so it knows nothing of Raft or gRPC
+//! services.
+
+pub mod election;
+pub mod mutex;
+
+use std::future::Future;
+
+use picket_proto::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnResponse};
+use thiserror::Error;
+use tokio::sync::broadcast;
+
+use crate::storage::state_machine::RevisionEvents;
+
+/// What locks and elections need from the store.
+pub trait Backend: Clone + Send + Sync + 'static {
+    /// A replicated transaction.
+    fn txn(
+        &self,
+        req: TxnRequest,
+    ) -> impl Future<Output = Result<TxnResponse, tonic::Status>> + Send;
+    /// A linearizable range read.
+    fn range(
+        &self,
+        req: RangeRequest,
+    ) -> impl Future<Output = Result<RangeResponse, tonic::Status>> + Send;
+    /// The feed of applied revisions on this member.
+    fn subscribe(&self) -> broadcast::Receiver<RevisionEvents>;
+}
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConcurrencyError {
+    /// The store refused or failed a request; carries etcd's status.
+    #[error("{0}")]
+    Store(#[from] tonic::Status),
+    /// The waiter's key disappeared while it waited: its lease expired or was revoked.
+    #[error(
+        "picket: lock key {key:?} was deleted while waiting (lease {lease:x} expired or revoked)"
+    )]
+    KeyLost { key: String, lease: i64 },
+    /// etcd's `ErrElectionNotLeader`.
+    #[error("election: not leader")]
+    NotLeader,
+    /// etcd's `ErrElectionNoLeader`.
+    #[error("election: no leader")]
+    NoLeader,
+    /// The request was malformed.
+    #[error("{0}")]
+    InvalidArgument(String),
+}
+
+/// The first key after every key that starts with `prefix` (etcd's `GetPrefixRangeEnd`).
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte was 0xff: the range runs to the end of the keyspace.
+    vec![0]
+}
+
+/// `<name>/`, the prefix under which contenders' keys live.
+pub fn contender_prefix(name: &[u8]) -> Vec<u8> {
+    let mut p = name.to_vec();
+    p.push(b'/');
+    p
+}
+
+/// `<name>/<lease hex>`, etcd's contender key.
+pub fn contender_key(name: &[u8], lease: i64) -> Vec<u8> {
+    let mut k = contender_prefix(name);
+    k.extend_from_slice(format!("{lease:x}").as_bytes());
+    k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_etcd() {
+        assert_eq!(prefix_end(b"a/"), b"a0".to_vec());
+        assert_eq!(prefix_end(&[b'a', 0xff]), b"b".to_vec());
+        assert_eq!(prefix_end(&[0xff]), vec![0]);
+        assert_eq!(contender_key(b"lk", 0x1f), b"lk/1f".to_vec());
+    }
+}

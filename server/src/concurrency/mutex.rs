@@ -1,0 +1,209 @@
+//! The distributed mutex (etcd `concurrency.Mutex`, run in the server).
+
+use picket_proto::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use picket_proto::etcdserverpb::range_request::{SortOrder, SortTarget};
+use picket_proto::etcdserverpb::request_op::Request as Op;
+use picket_proto::etcdserverpb::response_op::Response as OpResp;
+use picket_proto::etcdserverpb::{
+    Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, ResponseHeader, TxnRequest,
+    TxnResponse,
+};
+use picket_proto::mvccpb::event::EventType;
+use picket_proto::mvccpb::KeyValue;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::{contender_key, contender_prefix, prefix_end, Backend, ConcurrencyError};
+
+/// A granted lock.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grant {
+    /// The ownership key, `<name>/<lease hex>`.
+    pub key: Vec<u8>,
+    /// The key's create revision: the fencing token.
+    pub token: i64,
+    /// The header of the read that proved ownership.
+    pub header: Option<ResponseHeader>,
+}
+
+/// Range over the contenders of `prefix`, oldest (or newest) first, one key.
+pub(crate) fn first_by_create(prefix: &[u8], order: SortOrder, max_create: i64) -> RangeRequest {
+    RangeRequest {
+        key: prefix.to_vec(),
+        range_end: prefix_end(prefix),
+        limit: 1,
+        sort_order: order as i32,
+        sort_target: SortTarget::Create as i32,
+        max_create_revision: max_create,
+        ..Default::default()
+    }
+}
+
+fn range_op(r: RangeRequest) -> RequestOp {
+    RequestOp { request: Some(Op::RequestRange(r)) }
+}
+
+fn first_kv(resp: &TxnResponse, i: usize) -> Option<KeyValue> {
+    match resp.responses.get(i)?.response.as_ref()? {
+        OpResp::ResponseRange(r) => r.kvs.first().cloned(),
+        _ => None,
+    }
+}
+
+/// Creates (or finds) this contender's key: etcd's `If(CreateRevision(key) == 0)
+/// Then(Put(key, value, lease), GetOwner) Else(Get(key), GetOwner)`. Returns the key's create
+/// revision, whether this call created it, the current owner and the txn header.
+pub(crate) async fn enqueue<B: Backend>(
+    b: &B,
+    name: &[u8],
+    lease: i64,
+    value: &[u8],
+) -> Result<(Vec<u8>, i64, bool, Option<KeyValue>, Option<ResponseHeader>), ConcurrencyError> {
+    let prefix = contender_prefix(name);
+    let key = contender_key(name, lease);
+    let owner = range_op(first_by_create(&prefix, SortOrder::Ascend, 0));
+    let txn = TxnRequest {
+        compare: vec![Compare {
+            result: CompareResult::Equal as i32,
+            target: CompareTarget::Create as i32,
+            key: key.clone(),
+            range_end: Vec::new(),
+            target_union: Some(TargetUnion::CreateRevision(0)),
+        }],
+        success: vec![
+            RequestOp {
+                request: Some(Op::RequestPut(PutRequest {
+                    key: key.clone(),
+                    value: value.to_vec(),
+                    lease,
+                    ..Default::default()
+                })),
+            },
+            owner.clone(),
+        ],
+        failure: vec![range_op(RangeRequest { key: key.clone(), ..Default::default() }), owner],
+    };
+    let resp = b.txn(txn).await?;
+    let header = resp.header;
+    let rev = if resp.succeeded {
+        header.map(|h| h.revision).unwrap_or_default()
+    } else {
+        first_kv(&resp, 0).map(|kv| kv.create_revision).unwrap_or_default()
+    };
+    Ok((key, rev, resp.succeeded, first_kv(&resp, 1), header))
+}
+
+/// Waits until `key` (created at `rev`) is the oldest contender under `name/`, then returns.
+/// Fails if the key disappears while waiting. Watches only the predecessor, so each release
+/// wakes exactly one waiter.
+pub(crate) async fn wait_turn<B: Backend>(
+    b: &B,
+    name: &[u8],
+    key: &[u8],
+    lease: i64,
+    rev: i64,
+) -> Result<Option<ResponseHeader>, ConcurrencyError> {
+    let prefix = contender_prefix(name);
+    // Subscribe before reading, so a delete applied between the read and the wait is in the
+    // feed: every event after the read's revision arrives here.
+    let mut feed = b.subscribe();
+    loop {
+        let owner = b.range(first_by_create(&prefix, SortOrder::Ascend, 0)).await?;
+        match owner.kvs.first() {
+            // Ownership is proven by a linearizable read that still sees our key: its lease was
+            // alive at that revision, so the grant cannot go to a dead waiter.
+            Some(kv) if kv.key == key && kv.create_revision == rev => return Ok(owner.header),
+            _ => {}
+        }
+        let mine = b.range(RangeRequest { key: key.to_vec(), ..Default::default() }).await?;
+        if mine.kvs.first().map(|kv| kv.create_revision) != Some(rev) {
+            return Err(ConcurrencyError::KeyLost {
+                key: String::from_utf8_lossy(key).into_owned(),
+                lease,
+            });
+        }
+        let pred = b.range(first_by_create(&prefix, SortOrder::Descend, rev - 1)).await?;
+        let Some(pred_kv) = pred.kvs.first().cloned() else {
+            continue;
+        };
+        let seen = pred.header.map(|h| h.revision).unwrap_or_default();
+        'wait: loop {
+            match feed.recv().await {
+                Ok(batch) if batch.revision <= seen => {}
+                Ok(batch) => {
+                    for ev in batch.events.iter() {
+                        if ev.r#type != EventType::Delete as i32 {
+                            continue;
+                        }
+                        let Some(kv) = &ev.kv else { continue };
+                        if kv.key == pred_kv.key || kv.key == key {
+                            break 'wait;
+                        }
+                    }
+                }
+                // Fell behind the feed: re-read instead of trusting it.
+                Err(RecvError::Lagged(_)) => break 'wait,
+                Err(RecvError::Closed) => {
+                    return Err(ConcurrencyError::Store(tonic::Status::unavailable(
+                        "etcdserver: server stopped",
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// Acquires the lock `name` for `lease`, waiting in FIFO order.
+pub async fn lock<B: Backend>(b: &B, name: &[u8], lease: i64) -> Result<Grant, ConcurrencyError> {
+    if name.is_empty() {
+        return Err(ConcurrencyError::InvalidArgument("etcdserver: key is not provided".into()));
+    }
+    let (key, rev, created, owner, header) = enqueue(b, name, lease, b"").await?;
+    if owner.as_ref().is_some_and(|o| o.create_revision == rev) {
+        return Ok(Grant { key, token: rev, header });
+    }
+    // Remove our key if we created it and this call ends without the lock (error or the client
+    // gave up and the future was dropped), as etcd's Mutex does.
+    let mut cleanup = Cleanup { backend: b.clone(), key: Some(key.clone()).filter(|_| created) };
+    let header = wait_turn(b, name, &key, lease, rev).await?;
+    cleanup.key = None;
+    Ok(Grant { key, token: rev, header })
+}
+
+/// Releases a lock by deleting its key (etcd's Unlock).
+pub async fn unlock<B: Backend>(
+    b: &B,
+    key: &[u8],
+) -> Result<Option<ResponseHeader>, ConcurrencyError> {
+    let txn = TxnRequest {
+        success: vec![RequestOp {
+            request: Some(Op::RequestDeleteRange(DeleteRangeRequest {
+                key: key.to_vec(),
+                ..Default::default()
+            })),
+        }],
+        ..Default::default()
+    };
+    Ok(b.txn(txn).await?.header)
+}
+
+/// Deletes a waiter's key when the waiting call ends without the lock.
+struct Cleanup<B: Backend> {
+    backend: B,
+    key: Option<Vec<u8>>,
+}
+
+impl<B: Backend> Drop for Cleanup<B> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            let backend = self.backend.clone();
+            // Drop cannot await, so the delete runs as its own task. If it fails (no leader, node
+            // stopping), the key still goes away when its lease expires; until then it only
+            // delays later waiters, it can never be granted, because nobody waits on it.
+            tokio::spawn(async move {
+                if let Err(e) = unlock(&backend, &key).await {
+                    tracing::warn!(error = %e, "could not remove an abandoned lock waiter's key");
+                }
+            });
+        }
+    }
+}
