@@ -18,6 +18,7 @@ const PROTOS: &[&str] = &[
     "etcd/v3electionpb/v3election.proto",
     "picket/raft/v1/raft.proto",
     "picket/storage/v1/storage.proto",
+    "picket/v1/picket.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

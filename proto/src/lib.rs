@@ -58,6 +58,12 @@ pub mod v3electionpb {
 
 /// Picket's own packages (`picket.*`).
 pub mod picket {
+    /// Picket's own client API (`picket.v1`): locks with fencing.
+    #[allow(clippy::all, clippy::pedantic, missing_docs)]
+    pub mod v1 {
+        tonic::include_proto!("picket.v1");
+    }
+
     /// Raft-internal messages.
     pub mod raft {
         /// Version 1 of the replicated command format and the peer RPCs (`picket.raft.v1`).

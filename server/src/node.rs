@@ -7,6 +7,7 @@ use picket_proto::etcdserverpb::kv_server::KvServer;
 use picket_proto::etcdserverpb::lease_server::LeaseServer;
 use picket_proto::etcdserverpb::watch_server::WatchServer;
 use picket_proto::picket::raft::v1::raft_service_server::RaftServiceServer;
+use picket_proto::picket::v1::locks_server::LocksServer;
 use picket_proto::v3electionpb::election_server::ElectionServer;
 use picket_proto::v3lockpb::lock_server::LockServer;
 use thiserror::Error;
@@ -175,6 +176,10 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
                 .add_service(watch)
                 .add_service(LockServer::new(LockService::new(ctx.clone())))
                 .add_service(ElectionServer::new(ElectionService::new(ctx.clone())))
+                .add_service(
+                    LocksServer::new(crate::api::locks::LocksService::new(ctx.clone()))
+                        .max_decoding_message_size(max_decode),
+                )
                 .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
                     let _ = stop_rx.wait_for(|s| *s).await;
                 }),

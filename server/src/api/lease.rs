@@ -176,6 +176,37 @@ impl crate::raft::service::LeaderLeases for LeaseRelayTarget {
     }
 }
 
+/// TimeToLive from any member: local on the leader, relayed otherwise.
+pub async fn time_to_live_any(
+    ctx: &Ctx,
+    req: LeaseTimeToLiveRequest,
+) -> Result<LeaseTimeToLiveResponse, Status> {
+    match time_to_live_local(ctx, &req).await {
+        Err(s) if s.code() == Code::Unavailable => {}
+        other => return other,
+    }
+    let deadline = Instant::now() + ctx.proposer.request_timeout();
+    loop {
+        if let Some(mut peer) = ctx.proposer.leader_client() {
+            match peer.lease_time_to_live(req).await {
+                Ok(r) => {
+                    let mut r = r.into_inner();
+                    r.header = Some(ctx.header(ctx.sm.revision()));
+                    return Ok(r);
+                }
+                // A read: safe to retry until the deadline.
+                Err(s) => {
+                    tracing::debug!(lease_id = req.id, error = %s, "time-to-live relay failed")
+                }
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(ProposeError::NoLeader.into_status());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -256,31 +287,7 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let req = req.into_inner();
-        match time_to_live_local(&self.ctx, &req).await {
-            Err(s) if s.code() == Code::Unavailable => {}
-            other => return other.map(Response::new),
-        }
-        let deadline = Instant::now() + self.ctx.proposer.request_timeout();
-        loop {
-            if let Some(mut peer) = self.ctx.proposer.leader_client() {
-                match peer.lease_time_to_live(req).await {
-                    Ok(r) => {
-                        let mut r = r.into_inner();
-                        r.header = Some(self.ctx.header(self.ctx.sm.revision()));
-                        return Ok(Response::new(r));
-                    }
-                    // A read: safe to retry until the deadline.
-                    Err(s) => {
-                        tracing::debug!(lease_id = req.id, error = %s, "time-to-live relay failed")
-                    }
-                }
-            }
-            if Instant::now() >= deadline {
-                return Err(ProposeError::NoLeader.into_status());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        time_to_live_any(&self.ctx, req.into_inner()).await.map(Response::new)
     }
 
     #[tracing::instrument(level = "debug", skip_all)]

@@ -6,6 +6,7 @@
 pub mod concurrency;
 pub mod kv;
 pub mod lease;
+pub mod locks;
 pub mod status;
 pub mod watch;
 

@@ -66,6 +66,19 @@ pub fn concurrency_status(e: &crate::concurrency::ConcurrencyError) -> Status {
     }
 }
 
+/// A fenced write whose token is no longer the holder's.
+pub fn stale_token(name: &[u8], token: i64, current: Option<i64>) -> Status {
+    let name = String::from_utf8_lossy(name);
+    match current {
+        Some(c) => Status::failed_precondition(format!(
+            "picket: fencing token {token} is stale: lock {name:?} is held with token {c}"
+        )),
+        None => Status::failed_precondition(format!(
+            "picket: fencing token {token} is stale: lock {name:?} is not held"
+        )),
+    }
+}
+
 pub fn propose_status(e: ProposeError) -> Status {
     e.into_status()
 }

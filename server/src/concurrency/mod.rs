@@ -74,6 +74,16 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// The range that finds the holder of lock `name`: the oldest key under `name/`. Used by the
+/// lock recipe and by fenced writes inside apply.
+pub fn holder_range(name: &[u8]) -> RangeRequest {
+    mutex::first_by_create(
+        &contender_prefix(name),
+        picket_proto::etcdserverpb::range_request::SortOrder::Ascend,
+        0,
+    )
+}
+
 /// `<name>/`, the prefix under which contenders' keys live.
 pub fn contender_prefix(name: &[u8]) -> Vec<u8> {
     let mut p = name.to_vec();

@@ -207,3 +207,55 @@ impl<B: Backend> Drop for Cleanup<B> {
         }
     }
 }
+
+/// The outcome of [`try_lock`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum TryLock {
+    Acquired(Grant),
+    /// Someone else holds the lock; nothing was left behind.
+    Held {
+        holder: KeyValue,
+        header: Option<ResponseHeader>,
+    },
+}
+
+/// Takes the lock only if it is free (or already ours); never waits and never queues.
+pub async fn try_lock<B: Backend>(
+    b: &B,
+    name: &[u8],
+    lease: i64,
+) -> Result<TryLock, ConcurrencyError> {
+    if name.is_empty() {
+        return Err(ConcurrencyError::InvalidArgument("etcdserver: key is not provided".into()));
+    }
+    let (key, rev, created, owner, header) = enqueue(b, name, lease, b"").await?;
+    match owner {
+        Some(o) if o.create_revision == rev => {
+            Ok(TryLock::Acquired(Grant { key, token: rev, header }))
+        }
+        Some(o) => {
+            // Not ours: withdraw the key we just queued, as etcd's Mutex.TryLock does. A key this
+            // lease already had (a waiting Lock call) is left alone.
+            if created {
+                unlock(b, &key).await?;
+            }
+            Ok(TryLock::Held { holder: o, header })
+        }
+        None => Err(ConcurrencyError::KeyLost {
+            key: String::from_utf8_lossy(&key).into_owned(),
+            lease,
+        }),
+    }
+}
+
+/// Every contender of lock `name`, oldest (the holder) first, read linearizably.
+pub async fn contenders<B: Backend>(
+    b: &B,
+    name: &[u8],
+) -> Result<(Vec<KeyValue>, Option<ResponseHeader>), ConcurrencyError> {
+    let prefix = contender_prefix(name);
+    let mut req = first_by_create(&prefix, SortOrder::Ascend, 0);
+    req.limit = 0;
+    let resp = b.range(req).await?;
+    Ok((resp.kvs, resp.header))
+}

@@ -44,6 +44,7 @@ pub mod apply;
 mod compact;
 pub mod compare;
 pub mod error;
+pub mod hash;
 pub mod keys;
 pub mod overlay;
 pub mod read;

@@ -69,6 +69,10 @@ struct Inner {
     node_id: NodeId,
     request_timeout: Duration,
     peers: Mutex<HashMap<String, RaftServiceClient<Channel>>>,
+    /// While set and in the future, this member acts as if it were not the leader: a leader
+    /// transfer (`raft::transfer`) stops all leader traffic so the followers' leader leases run
+    /// out and the chosen member can win an election.
+    paused_until: Mutex<Option<Instant>>,
 }
 
 impl Proposer {
@@ -79,6 +83,7 @@ impl Proposer {
                 node_id,
                 request_timeout,
                 peers: Mutex::new(HashMap::new()),
+                paused_until: Mutex::new(None),
             }),
         }
     }
@@ -95,8 +100,27 @@ impl Proposer {
         self.inner.request_timeout
     }
 
+    /// Refuses local proposals and read indexes until `until` (or [`Proposer::resume`]), as a
+    /// non-leader would: callers retry, and find the new leader once the transfer is done.
+    pub fn pause_until(&self, until: Instant) {
+        *self.inner.paused_until.lock() = Some(until);
+    }
+
+    /// Ends a pause started by [`Proposer::pause_until`].
+    pub fn resume(&self) {
+        *self.inner.paused_until.lock() = None;
+    }
+
+    fn paused(&self) -> bool {
+        self.inner.paused_until.lock().is_some_and(|t| Instant::now() < t)
+    }
+
     /// Proposes on this member only; fails with `NotLeader` if it is not the leader.
     pub async fn propose_local(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
+        if self.paused() {
+            // Nothing was appended, so the caller may retry (elsewhere) safely.
+            return Err(ProposeError::NotLeader(None));
+        }
         match self.inner.raft.client_write(cmd).await {
             Ok(resp) => Ok(resp.data.0),
             // openraft answers ForwardToLeader either before appending or after the entry was
@@ -167,6 +191,9 @@ impl Proposer {
     /// On the leader: confirms leadership with a quorum, waits until the local state machine
     /// has applied everything committed before the call, and returns that index.
     pub async fn local_read_index(&self) -> Result<u64, ProposeError> {
+        if self.paused() {
+            return Err(ProposeError::NotLeader(None));
+        }
         match self.inner.raft.ensure_linearizable().await {
             Ok(log_id) => Ok(log_id.map(|l| l.index).unwrap_or(0)),
             Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {

@@ -20,4 +20,5 @@ pub mod rocks;
 // Owned by the Raft layer (see the list above).
 pub mod log_store;
 pub mod snapshot;
+pub mod snapshot_file;
 pub mod state_machine;

@@ -236,6 +236,34 @@ fn apply_command(
             Err(e) => Ok(lease_error(e)),
         },
         Cmd::LeaseCheckpoint(_) => Ok(CmdResult::Empty(Empty {})),
+        Cmd::FencedTxn(f) => {
+            let Some(txn) = f.txn else {
+                return Ok(CmdResult::Error(CommandError {
+                    code: tonic::Code::InvalidArgument as u32,
+                    message: "picket: fenced txn without a txn".into(),
+                }));
+            };
+            let owner = match batch.range(&crate::concurrency::holder_range(&f.name)) {
+                Ok(r) => r.kvs.into_iter().next(),
+                Err(e) => return outcome::<()>(Err(e), |_| CmdResult::Empty(Empty {})),
+            };
+            match owner {
+                Some(kv) if kv.create_revision == f.token => {
+                    outcome(batch.txn(&txn, leases), CmdResult::Txn)
+                }
+                other => {
+                    let status = crate::api::status::stale_token(
+                        &f.name,
+                        f.token,
+                        other.map(|kv| kv.create_revision),
+                    );
+                    Ok(CmdResult::Error(CommandError {
+                        code: status.code() as u32,
+                        message: status.message().to_string(),
+                    }))
+                }
+            }
+        }
     }
 }
 

@@ -1,0 +1,182 @@
+//! `picket.v1.Locks`: what etcd's lock API lacks — try-lock, bounded waits, inspection, token
+//! checks (Chubby's CheckSequencer) and fenced writes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use picket_proto::etcdserverpb::LeaseTimeToLiveRequest;
+use picket_proto::mvccpb::KeyValue;
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
+use picket_proto::picket::raft::v1::FencedTxn;
+use picket_proto::picket::v1::locks_server::Locks;
+use picket_proto::picket::v1::{
+    CheckTokenRequest, CheckTokenResponse, Contender, FencedTxnRequest, FencedTxnResponse,
+    InspectRequest, InspectResponse, LockRequest, LockResponse, TryLockRequest, TryLockResponse,
+};
+use tonic::{Request, Response, Status};
+
+use super::concurrency::CtxBackend;
+use super::status::{concurrency_status, mvcc_status};
+use super::{unexpected, Ctx};
+use crate::concurrency::mutex::{self, TryLock};
+use crate::mvcc::validate;
+
+/// Waiters whose remaining TTL `Inspect` asks the leader for; the rest report -1. Bounds the
+/// cost of inspecting a lock with a very long queue.
+const INSPECT_TTL_LIMIT: usize = 100;
+
+pub struct LocksService {
+    backend: CtxBackend,
+}
+
+impl LocksService {
+    pub fn new(ctx: Arc<Ctx>) -> Self {
+        Self { backend: CtxBackend(ctx) }
+    }
+
+    fn ctx(&self) -> &Ctx {
+        &self.backend.0
+    }
+
+    async fn contender(&self, kv: &KeyValue, with_ttl: bool) -> Contender {
+        let ttl = if with_ttl && kv.lease != 0 {
+            let req = LeaseTimeToLiveRequest { id: kv.lease, keys: false };
+            super::lease::time_to_live_any(self.ctx(), req).await.map(|r| r.ttl).unwrap_or(-1)
+        } else {
+            -1
+        };
+        Contender { key: kv.key.clone(), token: kv.create_revision, lease: kv.lease, ttl }
+    }
+}
+
+fn require_lease(lease: i64) -> Result<(), Status> {
+    if lease == 0 {
+        return Err(Status::invalid_argument(
+            "picket: a lock needs a lease: grant one and keep it alive, so a crashed holder's lock ends",
+        ));
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl Locks for LocksService {
+    #[tracing::instrument(level = "debug", skip_all, fields(lease_id = req.get_ref().lease))]
+    async fn try_lock(
+        &self,
+        req: Request<TryLockRequest>,
+    ) -> Result<Response<TryLockResponse>, Status> {
+        let req = req.into_inner();
+        require_lease(req.lease)?;
+        let out = mutex::try_lock(&self.backend, &req.name, req.lease)
+            .await
+            .map_err(|e| concurrency_status(&e))?;
+        let resp = match out {
+            TryLock::Acquired(g) => {
+                let mut header = g.header;
+                self.ctx().stamp(&mut header);
+                TryLockResponse { header, acquired: true, key: g.key, token: g.token, holder: None }
+            }
+            TryLock::Held { holder, mut header } => {
+                self.ctx().stamp(&mut header);
+                TryLockResponse {
+                    header,
+                    acquired: false,
+                    key: Vec::new(),
+                    token: 0,
+                    holder: Some(self.contender(&holder, true).await),
+                }
+            }
+        };
+        Ok(Response::new(resp))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(lease_id = req.get_ref().lease))]
+    async fn lock(&self, req: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
+        let req = req.into_inner();
+        require_lease(req.lease)?;
+        let wait = mutex::lock(&self.backend, &req.name, req.lease);
+        let grant = if req.wait_timeout_ms > 0 {
+            // Dropping the waiting future on timeout removes the waiter's key (see
+            // `mutex::lock`), so a timed-out caller leaves nothing queued.
+            match tokio::time::timeout(Duration::from_millis(req.wait_timeout_ms), wait).await {
+                Ok(r) => r,
+                Err(_) => {
+                    return Err(Status::deadline_exceeded(format!(
+                        "picket: lock not acquired within {} ms",
+                        req.wait_timeout_ms
+                    )))
+                }
+            }
+        } else {
+            wait.await
+        }
+        .map_err(|e| concurrency_status(&e))?;
+        let mut header = grant.header;
+        self.ctx().stamp(&mut header);
+        Ok(Response::new(LockResponse { header, key: grant.key, token: grant.token }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn inspect(
+        &self,
+        req: Request<InspectRequest>,
+    ) -> Result<Response<InspectResponse>, Status> {
+        let (kvs, mut header) = mutex::contenders(&self.backend, &req.into_inner().name)
+            .await
+            .map_err(|e| concurrency_status(&e))?;
+        let mut all = Vec::with_capacity(kvs.len());
+        for (i, kv) in kvs.iter().enumerate() {
+            all.push(self.contender(kv, i < INSPECT_TTL_LIMIT).await);
+        }
+        let mut iter = all.into_iter();
+        let holder = iter.next();
+        self.ctx().stamp(&mut header);
+        Ok(Response::new(InspectResponse { header, holder, waiters: iter.collect() }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(revision = req.get_ref().token))]
+    async fn check_token(
+        &self,
+        req: Request<CheckTokenRequest>,
+    ) -> Result<Response<CheckTokenResponse>, Status> {
+        let req = req.into_inner();
+        let resp =
+            super::kv::range(self.ctx(), crate::concurrency::holder_range(&req.name)).await?;
+        let holder = match resp.kvs.first() {
+            Some(kv) => Some(self.contender(kv, false).await),
+            None => None,
+        };
+        let mut header = resp.header;
+        self.ctx().stamp(&mut header);
+        Ok(Response::new(CheckTokenResponse {
+            header,
+            current: holder.as_ref().is_some_and(|h| h.token == req.token),
+            holder,
+        }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(revision = req.get_ref().token))]
+    async fn fenced_txn(
+        &self,
+        req: Request<FencedTxnRequest>,
+    ) -> Result<Response<FencedTxnResponse>, Status> {
+        let req = req.into_inner();
+        let txn = req.txn.unwrap_or_default();
+        self.ctx().check_size(&txn)?;
+        validate::txn(&txn, self.ctx().max_txn_ops).map_err(|e| mvcc_status(&e))?;
+        if req.name.is_empty() {
+            return Err(Status::invalid_argument("etcdserver: key is not provided"));
+        }
+        let cmd = Cmd::FencedTxn(FencedTxn { name: req.name, token: req.token, txn: Some(txn) });
+        match self.ctx().propose(cmd).await {
+            Ok(CmdResult::Txn(mut r)) => {
+                self.ctx().stamp(&mut r.header);
+                Ok(Response::new(FencedTxnResponse { header: r.header, txn: Some(r) }))
+            }
+            Ok(_) => Err(unexpected("fenced_txn")),
+            // Includes the stale-token error, which names the current holder's token.
+            Err(s) => Err(s),
+        }
+    }
+}

@@ -1,0 +1,189 @@
+//! `picket.v1.Locks`: try-lock, bounded waits, inspection, CheckToken and fenced writes — the
+//! safety net for a holder that was paused past its lease and wakes up believing it still holds
+//! the lock.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use etcd_client::LockOptions;
+use picket_proto::etcdserverpb::request_op::Request as Op;
+use picket_proto::etcdserverpb::{PutRequest, RequestOp, TxnRequest};
+use picket_proto::picket::v1::locks_client::LocksClient;
+use picket_proto::picket::v1::{
+    CheckTokenRequest, FencedTxnRequest, InspectRequest, LockRequest, TryLockRequest,
+};
+use picket_tests::{Cluster, ClusterOptions};
+use tonic::transport::Channel;
+use tonic::Code;
+use tracing::info;
+
+async fn locks(cluster: &Cluster, i: usize) -> Result<LocksClient<Channel>> {
+    Ok(LocksClient::connect(cluster.endpoint(i)).await?)
+}
+
+fn put_txn(key: &str, value: &str) -> TxnRequest {
+    TxnRequest {
+        success: vec![RequestOp {
+            request: Some(Op::RequestPut(PutRequest {
+                key: key.into(),
+                value: value.into(),
+                ..Default::default()
+            })),
+        }],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn stale_holder_is_fenced_out_after_its_lease_expires() -> Result<()> {
+    let cluster = Cluster::start(3, ClusterOptions::default()).await?;
+    let mut kv = cluster.client(0).await?;
+    let mut l1 = locks(&cluster, 1).await?;
+    info!("holder A takes the lock with a short lease and then 'pauses' (stops keeping it alive)");
+    let lease_a = kv.lease_grant(2, None).await?.id();
+    let a =
+        l1.try_lock(TryLockRequest { name: b"acct".to_vec(), lease: lease_a }).await?.into_inner();
+    assert!(a.acquired);
+    let token_a = a.token;
+    l1.fenced_txn(FencedTxnRequest {
+        name: b"acct".to_vec(),
+        token: token_a,
+        txn: Some(put_txn("balance", "100")),
+    })
+    .await?;
+
+    info!("B waits; A's lease expires; B is granted with a larger token");
+    let lease_b = kv.lease_grant(30, None).await?.id();
+    let b = kv.lock("acct", Some(LockOptions::new().with_lease(lease_b))).await?;
+    let token_b = kv.get(b.key(), None).await?.kvs()[0].create_revision();
+    assert!(token_b > token_a);
+
+    info!("A wakes up and writes with its old token: rejected, naming the current token");
+    let err = l1
+        .fenced_txn(FencedTxnRequest {
+            name: b"acct".to_vec(),
+            token: token_a,
+            txn: Some(put_txn("balance", "0")),
+        })
+        .await
+        .expect_err("a stale token must be refused");
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.message().contains(&format!("held with token {token_b}")), "{}", err.message());
+    let balance = kv.get("balance", None).await?;
+    assert_eq!(balance.kvs()[0].value(), b"100", "the stale write left no trace");
+
+    info!("CheckToken agrees, from any member");
+    let mut l2 = locks(&cluster, 2).await?;
+    let old = l2
+        .check_token(CheckTokenRequest { name: b"acct".to_vec(), token: token_a })
+        .await?
+        .into_inner();
+    assert!(!old.current);
+    assert_eq!(old.holder.as_ref().map(|h| h.token), Some(token_b));
+    let cur = l2
+        .check_token(CheckTokenRequest { name: b"acct".to_vec(), token: token_b })
+        .await?
+        .into_inner();
+    assert!(cur.current);
+    let ok = l2
+        .fenced_txn(FencedTxnRequest {
+            name: b"acct".to_vec(),
+            token: token_b,
+            txn: Some(put_txn("balance", "90")),
+        })
+        .await?
+        .into_inner();
+    assert!(ok.txn.expect("txn response").succeeded);
+
+    info!("after release, even the last holder's token is refused");
+    kv.unlock(b.key()).await?;
+    let err = l2
+        .fenced_txn(FencedTxnRequest {
+            name: b"acct".to_vec(),
+            token: token_b,
+            txn: Some(put_txn("balance", "1")),
+        })
+        .await
+        .expect_err("no holder");
+    assert!(err.message().contains("is not held"), "{}", err.message());
+    cluster.finish();
+    Ok(())
+}
+
+#[tokio::test]
+async fn try_lock_inspect_and_bounded_wait() -> Result<()> {
+    let cluster = Cluster::start(1, ClusterOptions::default()).await?;
+    let mut kv = cluster.client(0).await?;
+    let mut l = locks(&cluster, 0).await?;
+    let la = kv.lease_grant(30, None).await?.id();
+    let lb = kv.lease_grant(30, None).await?.id();
+    let lc = kv.lease_grant(30, None).await?.id();
+    let a = l.try_lock(TryLockRequest { name: b"q".to_vec(), lease: la }).await?.into_inner();
+    assert!(a.acquired);
+    let b = l.try_lock(TryLockRequest { name: b"q".to_vec(), lease: lb }).await?.into_inner();
+    assert!(!b.acquired, "held by A");
+    let holder = b.holder.expect("holder reported");
+    assert_eq!((holder.token, holder.lease), (a.token, la));
+    assert!(holder.ttl > 0 && holder.ttl <= 30, "remaining ttl {}", holder.ttl);
+
+    info!("a bounded wait times out and leaves nothing queued");
+    let err = l
+        .lock(LockRequest { name: b"q".to_vec(), lease: lb, wait_timeout_ms: 300 })
+        .await
+        .expect_err("held");
+    assert_eq!(err.code(), Code::DeadlineExceeded);
+    picket_tests::util::eventually("timed-out waiter removed", Duration::from_secs(10), || {
+        let mut l = l.clone();
+        async move {
+            let i = l.inspect(InspectRequest { name: b"q".to_vec() }).await?.into_inner();
+            anyhow::ensure!(i.waiters.is_empty(), "waiters: {:?}", i.waiters);
+            Ok(())
+        }
+    })
+    .await?;
+
+    info!("two queued waiters are listed in grant order");
+    let mut lb_client = l.clone();
+    let wb = tokio::spawn(async move {
+        lb_client.lock(LockRequest { name: b"q".to_vec(), lease: lb, wait_timeout_ms: 0 }).await
+    });
+    picket_tests::util::eventually("b queued", Duration::from_secs(10), || {
+        let mut l = l.clone();
+        async move {
+            let i = l.inspect(InspectRequest { name: b"q".to_vec() }).await?.into_inner();
+            anyhow::ensure!(i.waiters.len() == 1);
+            Ok(())
+        }
+    })
+    .await?;
+    let mut lc_client = l.clone();
+    let wc = tokio::spawn(async move {
+        lc_client.lock(LockRequest { name: b"q".to_vec(), lease: lc, wait_timeout_ms: 0 }).await
+    });
+    let inspected = picket_tests::util::eventually("c queued", Duration::from_secs(10), || {
+        let mut l = l.clone();
+        async move {
+            let i = l.inspect(InspectRequest { name: b"q".to_vec() }).await?.into_inner();
+            anyhow::ensure!(i.waiters.len() == 2);
+            Ok(i)
+        }
+    })
+    .await?;
+    assert_eq!(inspected.holder.as_ref().map(|h| h.lease), Some(la));
+    let order: Vec<i64> = inspected.waiters.iter().map(|w| w.lease).collect();
+    assert_eq!(order, vec![lb, lc]);
+    assert!(inspected.waiters[0].token < inspected.waiters[1].token);
+    kv.lease_revoke(la).await?;
+    let got_b = tokio::time::timeout(Duration::from_secs(15), wb).await???.into_inner();
+    assert_eq!(got_b.token, inspected.waiters[0].token);
+    kv.lease_revoke(lb).await?;
+    let got_c = tokio::time::timeout(Duration::from_secs(15), wc).await???.into_inner();
+    assert_eq!(got_c.token, inspected.waiters[1].token);
+    let err = l
+        .try_lock(TryLockRequest { name: b"q".to_vec(), lease: 0 })
+        .await
+        .expect_err("lease required");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    cluster.finish();
+    Ok(())
+}
