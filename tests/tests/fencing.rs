@@ -11,6 +11,7 @@ use picket_proto::etcdserverpb::{PutRequest, RequestOp, TxnRequest};
 use picket_proto::picket::v1::locks_client::LocksClient;
 use picket_proto::picket::v1::{
     CheckTokenRequest, FencedTxnRequest, InspectRequest, LockRequest, TryLockRequest,
+    WatchHoldRequest,
 };
 use picket_tests::{Cluster, ClusterOptions};
 use tonic::transport::Channel;
@@ -184,6 +185,77 @@ async fn try_lock_inspect_and_bounded_wait() -> Result<()> {
         .await
         .expect_err("lease required");
     assert_eq!(err.code(), Code::InvalidArgument);
+    cluster.finish();
+    Ok(())
+}
+
+#[tokio::test]
+async fn holder_is_told_at_once_when_its_lease_expires() -> Result<()> {
+    let cluster = Cluster::start(3, ClusterOptions::default()).await?;
+    let mut kv = cluster.client(0).await?;
+    let mut l = locks(&cluster, 2).await?;
+    let lease = kv.lease_grant(2, None).await?.id();
+    let got = l.try_lock(TryLockRequest { name: b"hold".to_vec(), lease }).await?.into_inner();
+    assert!(got.acquired);
+    let mut states = l
+        .watch_hold(WatchHoldRequest { name: b"hold".to_vec(), token: got.token })
+        .await?
+        .into_inner();
+    let first = states.message().await?.expect("first state");
+    assert!(first.held);
+    info!("nobody keeps the lease alive: the holder hears it lost the lock");
+    // Liveness bound: a 2 s lease expires within 2 s plus one expiry tick and a commit; 20 s
+    // only keeps a broken server from hanging the test.
+    let lost = tokio::time::timeout(Duration::from_secs(20), states.message())
+        .await??
+        .expect("lost state");
+    assert!(!lost.held);
+    let keys = kv
+        .get("hold/", Some(etcd_client::GetOptions::new().with_prefix().with_count_only()))
+        .await?;
+    assert_eq!(keys.count(), 0, "the lock key is gone once the holder is told");
+    assert!(states.message().await?.is_none(), "the stream ends after the loss");
+    cluster.finish();
+    Ok(())
+}
+
+#[tokio::test]
+async fn contenders_never_overlap_and_tokens_increase() -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let cluster = Cluster::start(3, ClusterOptions::default()).await?;
+    let busy = Arc::new(AtomicBool::new(false));
+    let grants = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let mut tasks = Vec::new();
+    for i in 0..4usize {
+        let mut c = cluster.client(i % 3).await?;
+        let busy = busy.clone();
+        let grants = grants.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..5 {
+                let lease = c.lease_grant(30, None).await?.id();
+                let held = c.lock("shared", Some(LockOptions::new().with_lease(lease))).await?;
+                let token = c.get(held.key(), None).await?.kvs()[0].create_revision();
+                // The shared resource: only one holder may be inside, and it sees tokens grow.
+                assert!(!busy.swap(true, Ordering::SeqCst), "two holders at once");
+                grants.lock().expect("grants").push(token);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                busy.store(false, Ordering::SeqCst);
+                c.unlock(held.key()).await?;
+                c.lease_revoke(lease).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(120), t).await???;
+    }
+    let grants = grants.lock().expect("grants").clone();
+    assert_eq!(grants.len(), 20);
+    assert!(
+        grants.windows(2).all(|w| w[0] < w[1]),
+        "tokens strictly increase in grant order: {grants:?}"
+    );
     cluster.finish();
     Ok(())
 }

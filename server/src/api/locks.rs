@@ -12,7 +12,8 @@ use picket_proto::picket::raft::v1::FencedTxn;
 use picket_proto::picket::v1::locks_server::Locks;
 use picket_proto::picket::v1::{
     CheckTokenRequest, CheckTokenResponse, Contender, FencedTxnRequest, FencedTxnResponse,
-    InspectRequest, InspectResponse, LockRequest, LockResponse, TryLockRequest, TryLockResponse,
+    HoldState, InspectRequest, InspectResponse, LockRequest, LockResponse, TryLockRequest,
+    TryLockResponse, WatchHoldRequest,
 };
 use tonic::{Request, Response, Status};
 
@@ -50,6 +51,22 @@ impl LocksService {
     }
 }
 
+impl LocksService {
+    async fn hold_state(
+        &self,
+        held: bool,
+        holder: Option<KeyValue>,
+        mut header: Option<picket_proto::etcdserverpb::ResponseHeader>,
+    ) -> HoldState {
+        self.ctx().stamp(&mut header);
+        let holder = match holder {
+            Some(kv) => Some(self.contender(&kv, false).await),
+            None => None,
+        };
+        HoldState { header, held, holder }
+    }
+}
+
 fn require_lease(lease: i64) -> Result<(), Status> {
     if lease == 0 {
         return Err(Status::invalid_argument(
@@ -59,8 +76,53 @@ fn require_lease(lease: i64) -> Result<(), Status> {
     Ok(())
 }
 
+type HoldStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<HoldState, Status>> + Send>>;
+
 #[tonic::async_trait]
 impl Locks for LocksService {
+    type WatchHoldStream = HoldStream;
+
+    async fn watch_hold(
+        &self,
+        req: Request<WatchHoldRequest>,
+    ) -> Result<Response<HoldStream>, Status> {
+        let req = req.into_inner();
+        let backend = self.backend.clone();
+        // Two messages at most, so a tiny buffer suffices.
+        let (tx, rx) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(async move {
+            let svc = LocksService { backend };
+            let first =
+                super::kv::range(svc.ctx(), crate::concurrency::holder_range(&req.name)).await;
+            let (holder, header) = match first {
+                Ok(r) => (r.kvs.into_iter().next(), r.header),
+                Err(s) => {
+                    let _ = tx.send(Err(s)).await;
+                    return;
+                }
+            };
+            let held = holder.as_ref().is_some_and(|kv| kv.create_revision == req.token);
+            if tx.send(Ok(svc.hold_state(held, holder, header).await)).await.is_err() || !held {
+                return;
+            }
+            let lost = tokio::select! {
+                r = mutex::wait_lost(&svc.backend, &req.name, req.token) => r,
+                // The holder stopped listening: stop watching for it.
+                _ = tx.closed() => return,
+            };
+            match lost {
+                Ok((holder, header)) => {
+                    let state = svc.hold_state(false, holder, header).await;
+                    let _ = tx.send(Ok(state)).await;
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(concurrency_status(&e))).await;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
     #[tracing::instrument(level = "debug", skip_all, fields(lease_id = req.get_ref().lease))]
     async fn try_lock(
         &self,

@@ -259,3 +259,44 @@ pub async fn contenders<B: Backend>(
     let resp = b.range(req).await?;
     Ok((resp.kvs, resp.header))
 }
+
+/// Waits until the holder with `token` no longer holds lock `name` and returns the revision at
+/// which that was observed. Returns at once if it does not hold it now.
+pub async fn wait_lost<B: Backend>(
+    b: &B,
+    name: &[u8],
+    token: i64,
+) -> Result<(Option<KeyValue>, Option<ResponseHeader>), ConcurrencyError> {
+    let prefix = contender_prefix(name);
+    // Subscribe before reading: every revision after the read is in the feed.
+    let mut feed = b.subscribe();
+    loop {
+        let resp = b.range(first_by_create(&prefix, SortOrder::Ascend, 0)).await?;
+        let holder = resp.kvs.into_iter().next();
+        if holder.as_ref().map(|kv| kv.create_revision) != Some(token) {
+            return Ok((holder, resp.header));
+        }
+        let key = holder.map(|kv| kv.key).unwrap_or_default();
+        let seen = resp.header.map(|h| h.revision).unwrap_or_default();
+        'wait: loop {
+            match feed.recv().await {
+                Ok(batch) if batch.revision <= seen => {}
+                Ok(batch) => {
+                    let deleted = batch.events.iter().any(|e| {
+                        e.r#type == EventType::Delete as i32
+                            && e.kv.as_ref().is_some_and(|kv| kv.key == key)
+                    });
+                    if deleted {
+                        break 'wait;
+                    }
+                }
+                Err(RecvError::Lagged(_)) => break 'wait,
+                Err(RecvError::Closed) => {
+                    return Err(ConcurrencyError::Store(tonic::Status::unavailable(
+                        "etcdserver: server stopped",
+                    )));
+                }
+            }
+        }
+    }
+}
