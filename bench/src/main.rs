@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, GetOptions, LockOptions};
 use rand::Rng;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -17,6 +17,17 @@ enum Workload {
     Get,
     /// Serializable get of random keys out of 10,000.
     GetSerializable,
+    /// Every client locks and unlocks the same lock name (contended hand-off), each with its own
+    /// lease; reports lock+unlock cycles.
+    LockContended,
+    /// Each client locks and unlocks its own lock name (uncontended acquire + release).
+    LockUncontended,
+    /// Grant a lease, keep it alive once, revoke it; reports full cycles.
+    LeaseCycle,
+    /// Hold `--leases` leases alive with keep-alives every `--keepalive-interval` seconds over
+    /// `--conns` streams for the whole run; reports keep-alives answered (the point is the
+    /// server's CPU while it runs, which the calling script measures).
+    LeaseHold,
 }
 
 #[derive(Debug, Parser)]
@@ -45,6 +56,72 @@ struct Args {
     /// Value size in bytes.
     #[arg(long, default_value_t = 256)]
     value_size: usize,
+    /// lease-hold: number of leases.
+    #[arg(long, default_value_t = 2000)]
+    leases: usize,
+    /// lease-hold: seconds between keep-alives of one lease.
+    #[arg(long, default_value_t = 3)]
+    keepalive_interval: u64,
+}
+
+/// Keeps `leases` alive over `conns` keep-alive streams (many leases per stream, as real
+/// clients multiplex them) until `deadline`; returns (keep-alives answered, errors).
+async fn lease_hold(
+    conns: &[Client],
+    endpoints: &[String],
+    args: &Args,
+    deadline: Instant,
+) -> Result<(u64, u64)> {
+    use picket_proto::etcdserverpb::lease_client::LeaseClient;
+    use picket_proto::etcdserverpb::LeaseKeepAliveRequest;
+    let mut c = conns[0].clone();
+    let mut ids = Vec::with_capacity(args.leases);
+    for _ in 0..args.leases {
+        ids.push(c.lease_grant(30, None).await?.id());
+    }
+    let streams = args.conns.max(1);
+    let per = ids.len().div_ceil(streams).max(1);
+    let mut tasks = Vec::new();
+    for (i, chunk) in ids.chunks(per).enumerate() {
+        let ep = endpoints[i % endpoints.len()].clone();
+        let chunk = chunk.to_vec();
+        let interval = Duration::from_secs(args.keepalive_interval.max(1));
+        tasks.push(tokio::spawn(async move {
+            let mut client = LeaseClient::connect(ep).await?;
+            let (tx, rx) = tokio::sync::mpsc::channel(chunk.len().max(1));
+            let mut answers = client
+                .lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .await?
+                .into_inner();
+            let (mut ok, mut errors) = (0u64, 0u64);
+            // Bounded by the deadline; each round sends one keep-alive per lease and reads the
+            // answers before sleeping until the next round.
+            while Instant::now() < deadline {
+                let round = Instant::now();
+                for id in &chunk {
+                    tx.send(LeaseKeepAliveRequest { id: *id }).await?;
+                }
+                for _ in &chunk {
+                    match answers.message().await {
+                        Ok(Some(r)) if r.ttl > 0 => ok += 1,
+                        _ => errors += 1,
+                    }
+                }
+                tokio::time::sleep(interval.saturating_sub(round.elapsed())).await;
+            }
+            anyhow::Ok((ok, errors))
+        }));
+    }
+    let (mut ok, mut errors) = (0, 0);
+    for t in tasks {
+        let (o, e) = t.await??;
+        ok += o;
+        errors += e;
+    }
+    for id in ids {
+        let _ = c.lease_revoke(id).await;
+    }
+    Ok((ok, errors))
 }
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
@@ -76,13 +153,40 @@ async fn main() -> Result<()> {
             c.put(format!("bench/{k:08}"), value.clone(), None).await?;
         }
     }
+    // Lock workloads: one lease per client, granted before the clock starts.
+    let mut leases = Vec::new();
+    if matches!(args.workload, Workload::LockContended | Workload::LockUncontended) {
+        let mut c = conns[0].clone();
+        for _ in 0..args.clients {
+            leases.push(c.lease_grant(60, None).await?.id());
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
+    if matches!(args.workload, Workload::LeaseHold) {
+        let start = Instant::now();
+        let (ok, errors) = lease_hold(&conns, &endpoints, &args, deadline).await?;
+        println!(
+            "workload=LeaseHold leases={} interval={}s conns={} keepalives={} errors={} keepalives/s={:.0}",
+            args.leases,
+            args.keepalive_interval,
+            args.conns,
+            ok,
+            errors,
+            ok as f64 / start.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    }
     let mut tasks = Vec::new();
     for i in 0..args.clients {
         let mut c = conns[i % conns.len()].clone();
         let value = value.clone();
         let workload = args.workload;
         let keys = args.keys;
+        let lease = leases.get(i).copied().unwrap_or(0);
+        let lock_name = match workload {
+            Workload::LockUncontended => format!("bench-lock/{i}"),
+            _ => "bench-lock/shared".to_string(),
+        };
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut errors = 0u64;
@@ -96,6 +200,26 @@ async fn main() -> Result<()> {
                     Workload::Get => c.get(k, None).await.map(|_| ()),
                     Workload::GetSerializable => {
                         c.get(k, Some(GetOptions::new().with_serializable())).await.map(|_| ())
+                    }
+                    Workload::LeaseCycle => match c.lease_grant(10, None).await {
+                        Ok(g) => match c.lease_keep_alive(g.id()).await {
+                            Ok((_, mut stream)) => match stream.message().await {
+                                Ok(_) => c.lease_revoke(g.id()).await.map(|_| ()),
+                                Err(e) => Err(e),
+                            },
+                            Err(e) => Err(e),
+                        },
+                        Err(e) => Err(e),
+                    },
+                    Workload::LeaseHold => Ok(()),
+                    Workload::LockContended | Workload::LockUncontended => {
+                        match c
+                            .lock(lock_name.as_str(), Some(LockOptions::new().with_lease(lease)))
+                            .await
+                        {
+                            Ok(l) => c.unlock(l.key()).await.map(|_| ()),
+                            Err(e) => Err(e),
+                        }
                     }
                 };
                 match r {

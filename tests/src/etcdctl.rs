@@ -1,11 +1,13 @@
 //! Running Debian's `etcdctl` (v3.4) against a cluster, with a bounded wait.
 
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::mpsc;
 
 /// Where Debian's `etcd-client` package installs `etcdctl`.
 pub const ETCDCTL: &str = "/usr/bin/etcdctl";
@@ -53,8 +55,7 @@ impl Etcdctl {
         Etcdctl { endpoints: endpoints.join(",") }
     }
 
-    /// Runs `ETCDCTL_API=3 etcdctl --endpoints <eps> <args>` with `stdin` fed in and closed.
-    pub async fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<CtlOutput> {
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(ETCDCTL);
         // Clear any ETCDCTL_* settings of the developer's shell so only our flags apply.
         for (k, _) in std::env::vars_os() {
@@ -62,11 +63,53 @@ impl Etcdctl {
                 cmd.env_remove(&k);
             }
         }
-        cmd.env("ETCDCTL_API", "3")
-            .arg("--endpoints")
-            .arg(&self.endpoints)
-            .args(args)
-            .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        cmd.env("ETCDCTL_API", "3").arg("--endpoints").arg(&self.endpoints).args(args);
+        cmd
+    }
+
+    /// Starts a long-running `etcdctl` (`watch`, `lock`, `elect`, `lease keep-alive`) whose
+    /// stdout is read line by line; see [`CtlChild`]. The process is killed when the handle is
+    /// dropped.
+    pub fn spawn(&self, args: &[&str]) -> Result<CtlChild> {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawning {ETCDCTL} {args:?}"))?;
+        let stdout = child.stdout.take().context("etcdctl stdout")?;
+        let mut stderr_pipe = child.stderr.take().context("etcdctl stderr")?;
+        let (line_tx, lines) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(stdout).lines();
+            while let Ok(Some(line)) = reader.next_line().await {
+                if line_tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stderr_pipe.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Ok(CtlChild { args: args.iter().map(|a| a.to_string()).collect(), child, lines, stderr })
+    }
+
+    /// Runs `ETCDCTL_API=3 etcdctl --endpoints <eps> <args>` with `stdin` fed in and closed.
+    pub async fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<CtlOutput> {
+        let mut cmd = self.command(args);
+        cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
@@ -87,5 +130,94 @@ impl Etcdctl {
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         })
+    }
+}
+
+/// A running `etcdctl` whose stdout lines are collected as they are printed.
+pub struct CtlChild {
+    args: Vec<String>,
+    child: tokio::process::Child,
+    lines: mpsc::UnboundedReceiver<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl CtlChild {
+    /// The next line of stdout, waiting at most `timeout`.
+    pub async fn next_line(&mut self, timeout: Duration) -> Result<String> {
+        match tokio::time::timeout(timeout, self.lines.recv()).await {
+            Ok(Some(line)) => Ok(line),
+            Ok(None) => {
+                bail!("etcdctl {:?} closed stdout (exited?); stderr: {}", self.args, self.stderr())
+            }
+            Err(_) => bail!(
+                "etcdctl {:?} printed no line within {timeout:?}; stderr: {}",
+                self.args,
+                self.stderr()
+            ),
+        }
+    }
+
+    /// The next `n` lines of stdout, each within `timeout`.
+    pub async fn next_lines(&mut self, n: usize, timeout: Duration) -> Result<Vec<String>> {
+        let mut out = Vec::with_capacity(n);
+        for _ in 0..n {
+            match self.next_line(timeout).await {
+                Ok(l) => out.push(l),
+                Err(e) => bail!("{e:#}; lines so far: {out:?}"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Lines printed so far and not yet read, without waiting.
+    pub fn pending_lines(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(l) = self.lines.try_recv() {
+            out.push(l);
+        }
+        out
+    }
+
+    /// Everything written to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The process id (for signals), if it is still running.
+    pub fn id(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Sends SIGINT, as Ctrl-C would: etcdctl then unlocks, resigns or stops watching cleanly.
+    pub async fn interrupt(&self) -> Result<()> {
+        let pid = self.id().context("etcdctl already exited")?;
+        let status = tokio::process::Command::new("kill")
+            .arg("-INT")
+            .arg(pid.to_string())
+            .status()
+            .await
+            .context("running kill -INT")?;
+        if !status.success() {
+            bail!("kill -INT {pid} failed: {status}");
+        }
+        Ok(())
+    }
+
+    /// Waits at most `timeout` for the process to exit.
+    pub async fn wait(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        tokio::time::timeout(timeout, self.child.wait())
+            .await
+            .with_context(|| format!("etcdctl {:?} did not exit within {timeout:?}", self.args))?
+            .context("waiting for etcdctl")
+    }
+
+    /// Whether the process has exited, without waiting.
+    pub fn has_exited(&mut self) -> Result<bool> {
+        Ok(self.child.try_wait().context("checking etcdctl")?.is_some())
+    }
+
+    /// SIGKILLs the process and reaps it.
+    pub async fn kill(&mut self) -> Result<()> {
+        self.child.kill().await.context("killing etcdctl")
     }
 }

@@ -10,6 +10,7 @@
 //!   controls them as processes (SIGKILL, SIGTERM, SIGSTOP/SIGCONT, restart).
 //! - [`etcdctl`]: runs `etcdctl` with a bounded wait and captures its output.
 //! - [`util`]: bounded polling, gRPC status assertions and readable key-value summaries.
+//! - [`watch`]: bounded reads of watch streams and readable watch responses and events.
 //!
 //! Because the flags are etcd's, the same suite runs against the reference implementation with
 //! `PICKETD_BIN=/usr/bin/etcd`; that is how the expectations in these tests were checked.
@@ -21,6 +22,7 @@ pub mod binary;
 pub mod cluster;
 pub mod etcdctl;
 pub mod util;
+pub mod watch;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use util::{assert_status, eventually, kvs, Kv};

@@ -8,7 +8,6 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,7 +57,7 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Se
 struct Watcher {
     task: JoinHandle<()>,
     /// Highest revision whose events (if any) this watcher has handed to the stream.
-    sent_through: Arc<AtomicI64>,
+    sent_through: Arc<tokio::sync::Mutex<i64>>,
 }
 
 #[tonic::async_trait]
@@ -131,7 +130,7 @@ async fn serve_stream(
                 if tx.send(Ok(created)).await.is_err() {
                     break;
                 }
-                let sent_through = Arc::new(AtomicI64::new(start - 1));
+                let sent_through = Arc::new(tokio::sync::Mutex::new(start - 1));
                 let task = tokio::spawn(run_watcher(
                     ctx.clone(),
                     id,
@@ -160,20 +159,23 @@ async fn serve_stream(
             }
             Some(RequestUnion::ProgressRequest(_)) => {
                 // Every watcher on the stream has delivered everything up to the smallest
-                // revision any of them has reached; claiming more could skip events.
+                // revision any of them has reached; claiming more could skip events. Holding
+                // every watcher's send lock until the answer is queued keeps it in order with
+                // their events: it is neither ahead of a later event nor behind an earlier one.
                 let current = ctx.sm.revision();
-                let through = watchers
-                    .values()
-                    .map(|w| w.sent_through.load(Ordering::Acquire))
-                    .min()
-                    .unwrap_or(current)
-                    .min(current);
+                let mut guards = Vec::with_capacity(watchers.len());
+                for w in watchers.values() {
+                    guards.push(w.sent_through.lock().await);
+                }
+                let through = guards.iter().map(|g| **g).min().unwrap_or(current).min(current);
                 let resp = WatchResponse {
                     header: Some(ctx.header(through)),
                     watch_id: STREAM_WATCH_ID,
                     ..Default::default()
                 };
-                if tx.send(Ok(resp)).await.is_err() {
+                let sent = tx.send(Ok(resp)).await;
+                drop(guards);
+                if sent.is_err() {
                     break;
                 }
             }
@@ -200,7 +202,7 @@ struct WatcherState {
     id: i64,
     spec: WatchSpec,
     tx: Tx,
-    sent_through: Arc<AtomicI64>,
+    sent_through: Arc<tokio::sync::Mutex<i64>>,
     fragment_limit: usize,
 }
 
@@ -218,6 +220,8 @@ impl WatcherState {
                 }
             }
         }
+        // Held while this watcher's events are queued, so a progress answer is ordered with them.
+        let mut sent_through = self.sent_through.lock().await;
         if !events.is_empty() {
             let groups = if self.spec.fragment {
                 fragment(events, self.fragment_limit)
@@ -238,7 +242,7 @@ impl WatcherState {
                 }
             }
         }
-        self.sent_through.store(through, Ordering::Release);
+        *sent_through = through;
         true
     }
 
@@ -302,7 +306,7 @@ async fn run_watcher(
     start: i64,
     progress_interval: Duration,
     tx: Tx,
-    sent_through: Arc<AtomicI64>,
+    sent_through: Arc<tokio::sync::Mutex<i64>>,
 ) {
     let fragment_limit = ctx.max_request_bytes;
     let state = WatcherState {
@@ -340,8 +344,9 @@ async fn run_watcher(
                     Err(RecvError::Closed) => return,
                 },
                 _ = progress.tick(), if state.spec.progress_notify => {
+                    let through = state.sent_through.lock().await;
                     let resp = WatchResponse {
-                        header: Some(state.ctx.header(state.sent_through.load(Ordering::Acquire))),
+                        header: Some(state.ctx.header(*through)),
                         watch_id: state.id,
                         ..Default::default()
                     };
