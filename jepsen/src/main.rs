@@ -1,1 +1,227 @@
-fn main() {}
+//! `picket-jepsen`: parses the command line, starts tracing and calls the library.
+//!
+//! Exit status: 0 every checker valid; 1 an anomaly; 2 unknown (a checker could not decide);
+//! 3 the harness itself failed (or was interrupted).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use picket_jepsen::checker::Budget;
+use picket_jepsen::cluster::Target;
+use picket_jepsen::runner::{self, TestOptions};
+use rand::Rng;
+
+/// Exit status for a harness failure.
+const HARNESS_FAILED: u8 = 3;
+
+#[derive(Debug, Parser)]
+#[command(name = "picket-jepsen", version, about = "Fault-injection tests for Picket and etcd")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, clap::Args)]
+struct CheckArgs {
+    /// Wall-clock limit of the checkers, in seconds; past it a verdict is `unknown`.
+    #[arg(long, default_value_t = 300)]
+    checker_time_limit: u64,
+    /// Search steps per key of the linearizability checker.
+    #[arg(long, default_value_t = Budget::default().max_steps_per_key)]
+    checker_max_steps: u64,
+}
+
+impl CheckArgs {
+    fn budget(&self) -> Budget {
+        Budget {
+            max_steps_per_key: self.checker_max_steps,
+            time_limit: Duration::from_secs(self.checker_time_limit),
+            ..Budget::default()
+        }
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Runs a test and writes a result folder.
+    Test {
+        /// Workload: `register`.
+        #[arg(long, default_value = "register")]
+        workload: String,
+        /// Faults, comma-separated: `kill`, `pause`, or `none`.
+        #[arg(long, value_delimiter = ',', default_value = "kill,pause")]
+        nemesis: Vec<String>,
+        /// Seconds of workload (recovery, final reads and checking come on top).
+        #[arg(long, default_value_t = 30)]
+        time_limit: u64,
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        #[arg(long, value_enum, default_value_t = Target::Picket)]
+        target: Target,
+        /// The result folder (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// Seed of the operation generator and the fault schedule (random if absent).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Target operations per second over all workers.
+        #[arg(long, default_value_t = 100.0)]
+        rate: f64,
+        /// Number of workers (default: 3 per node).
+        #[arg(long)]
+        concurrency: Option<usize>,
+        /// Bound on each operation, in milliseconds. Past it a write is recorded `info` (it may
+        /// still take effect) and a read `fail`, so the bound only trades ambiguity for worker
+        /// progress; it never makes the history claim something that did not happen.
+        #[arg(long, default_value_t = 4000)]
+        op_timeout_ms: u64,
+        /// Operations per key before a group of workers moves to a fresh key.
+        #[arg(long, default_value_t = 200)]
+        ops_per_key: u64,
+        /// The picketd binary (default: next to this executable).
+        #[arg(long)]
+        picketd: Option<PathBuf>,
+        /// The etcd binary, for `--target etcd`.
+        #[arg(long, default_value = "/usr/bin/etcd")]
+        etcd: PathBuf,
+        /// Serve gets as serializable (node-local) reads: a deliberately unsafe client, to
+        /// show the checkers catch stale reads.
+        #[arg(long)]
+        unsafe_serializable_reads: bool,
+        /// Keep the nodes' data directories in the result folder.
+        #[arg(long)]
+        keep_data: bool,
+        /// `--log-level` passed to every node.
+        #[arg(long)]
+        node_log_level: Option<String>,
+        #[command(flatten)]
+        check: CheckArgs,
+    },
+    /// Re-checks a result folder's history and rewrites its results.json.
+    Check {
+        dir: PathBuf,
+        #[command(flatten)]
+        check: CheckArgs,
+    },
+}
+
+/// `picketd` next to this executable, or one directory up (a test executable lives in
+/// `target/<profile>/deps/`, the binaries in `target/<profile>/`).
+fn default_picketd() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("cannot find this executable's path")?;
+    let dir = exe.parent().context("executable without a directory")?;
+    for d in [Some(dir), dir.parent()].into_iter().flatten() {
+        let p = d.join("picketd");
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "picketd not found next to {}; build it (`cargo build --workspace`) or pass --picketd",
+        exe.display()
+    )
+}
+
+async fn run(cli: Cli) -> anyhow::Result<u8> {
+    match cli.cmd {
+        Cmd::Test {
+            workload,
+            nemesis,
+            time_limit,
+            nodes,
+            target,
+            out,
+            seed,
+            rate,
+            concurrency,
+            op_timeout_ms,
+            ops_per_key,
+            picketd,
+            etcd,
+            unsafe_serializable_reads,
+            keep_data,
+            node_log_level,
+            check,
+        } => {
+            let bin = match target {
+                Target::Picket => match picketd {
+                    Some(p) => p,
+                    None => default_picketd()?,
+                },
+                Target::Etcd => etcd,
+            };
+            let seed = seed.unwrap_or_else(|| rand::rng().random());
+            let opts = TestOptions {
+                workload,
+                nemeses: nemesis.into_iter().filter(|n| !n.is_empty()).collect(),
+                time_limit: Duration::from_secs(time_limit),
+                nodes,
+                target,
+                bin,
+                out: out.clone(),
+                seed,
+                rate,
+                concurrency: concurrency.unwrap_or(3 * nodes),
+                op_timeout: Duration::from_millis(op_timeout_ms),
+                ops_per_key,
+                unsafe_serializable_reads,
+                keep_data,
+                node_log_level,
+                budget: check.budget(),
+            };
+            println!("seed: {seed}");
+            println!("re-run: {}", opts.command());
+            let results = runner::run_test(opts).await?;
+            runner::print_results(&out, &results);
+            Ok(results.valid.exit_code() as u8)
+        }
+        Cmd::Check { dir, check } => {
+            let results = runner::check_dir(&dir, &check.budget())?;
+            runner::print_results(&dir, &results);
+            Ok(results.valid.exit_code() as u8)
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("picket-jepsen: cannot listen for SIGTERM: {e}");
+            return ExitCode::from(HARNESS_FAILED);
+        }
+    };
+    // Dropping the run future on a signal drops the cluster (which SIGKILLs every node it
+    // started) and the worker set (which aborts the workers).
+    let code = tokio::select! {
+        r = run(cli) => match r {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("picket-jepsen: harness failure: {e:#}");
+                HARNESS_FAILED
+            }
+        },
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("picket-jepsen: interrupted (SIGINT); nodes killed");
+            HARNESS_FAILED
+        }
+        _ = term.recv() => {
+            eprintln!("picket-jepsen: terminated (SIGTERM); nodes killed");
+            HARNESS_FAILED
+        }
+    };
+    ExitCode::from(code)
+}

@@ -1,0 +1,519 @@
+//! [`ProcessCluster`]: N real server processes (`picketd`, or `etcd` started the same way) on
+//! loopback ports, controlled as processes: spawn, SIGKILL, SIGSTOP/SIGCONT, restart.
+//!
+//! Each node logs (stdout and stderr) to `<out>/nodes/<name>.log` and keeps its data in
+//! `<out>/data/<name>`. A restart reuses exactly the same flags and data directory, as an
+//! operator restarting etcd would.
+//!
+//! No process outlives the cluster: `Drop` SIGKILLs every child it started, by its PID, which
+//! also runs when the harness panics or its run future is dropped on Ctrl-C. (A parent-death
+//! signal would also cover a SIGKILLed harness, but setting it needs `unsafe` `pre_exec`, which
+//! the workspace forbids; a harness killed with SIGKILL leaves its nodes running.)
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::client;
+use crate::nemesis::{FaultError, Faults, NodeState};
+
+/// Pause between readiness probes: an election takes a few hundred milliseconds, so polling
+/// faster would only load the 2-core machine.
+const PROBE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Per-attempt timeout of a readiness probe. Short, so a probe against a node that is still
+/// electing is retried rather than using up the whole readiness budget in one call.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Per-call timeout when asking a node for cluster status (leader discovery). A node that does
+/// not answer in 2 s is treated as not knowing the leader, which only makes a "kill the leader"
+/// fault pick a random node instead.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Which server the cluster runs. Both take etcd's flag names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    Picket,
+    Etcd,
+}
+
+impl Target {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Target::Picket => "picket",
+            Target::Etcd => "etcd",
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// The cause is in the message, not a `#[source]`, so reporters do not print it twice.
+    #[error("{what}: {cause}")]
+    Io { what: String, cause: std::io::Error },
+    #[error("node {node} exited ({status}) before serving; log tail:\n{log_tail}")]
+    Exited { node: String, status: String, log_tail: String },
+    #[error(
+        "node {node} did not answer a linearizable get within {waited:?}; last error: {last_error}"
+    )]
+    NotReady { node: String, waited: Duration, last_error: String },
+    #[error("node {0} is not running")]
+    NotRunning(String),
+    #[error("`kill -{signal} {pid}` failed: {message}")]
+    Signal { signal: &'static str, pid: u32, message: String },
+}
+
+impl ClusterError {
+    fn io(what: impl Into<String>, source: std::io::Error) -> Self {
+        ClusterError::Io { what: what.into(), cause: source }
+    }
+}
+
+/// Where a node listens and keeps its files.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub client_url: String,
+    pub peer_url: String,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+}
+
+struct Node {
+    info: NodeInfo,
+    child: Option<Child>,
+    paused: bool,
+    /// `header.member_id` as last reported by this node.
+    member_id: Option<u64>,
+    starts: u32,
+}
+
+/// How to start the cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    pub target: Target,
+    pub bin: PathBuf,
+    pub nodes: usize,
+    /// The result folder; logs go to `nodes/`, data to `data/`.
+    pub out: PathBuf,
+    /// `--log-level` for every node (picketd's default when `None`).
+    pub log_level: Option<String>,
+    /// Further flags, appended verbatim.
+    pub extra_args: Vec<String>,
+}
+
+/// A set of real server processes forming one cluster.
+pub struct ProcessCluster {
+    cfg: ClusterConfig,
+    initial_cluster: String,
+    nodes: Vec<Node>,
+    /// Exits nobody asked for (crashes), noticed by [`ProcessCluster::reap_unexpected`].
+    unexpected_exits: Vec<(String, String)>,
+}
+
+/// Reserves `n` distinct free loopback ports. All listeners are held until every port is chosen,
+/// so the ports are distinct; they are then released for the nodes to bind.
+fn free_ports(n: usize) -> Result<Vec<u16>, ClusterError> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| ClusterError::io("reserving loopback ports", e))?;
+    listeners
+        .iter()
+        .map(|l| l.local_addr().map(|a| a.port()))
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| ClusterError::io("reading reserved ports", e))
+}
+
+/// Sends `signal` (a name such as `STOP`) with the `kill` binary, so no `unsafe` libc call is
+/// needed.
+fn send_signal(pid: u32, signal: &'static str) -> Result<(), ClusterError> {
+    let out = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| ClusterError::Signal { signal, pid, message: e.to_string() })?;
+    if !out.status.success() {
+        return Err(ClusterError::Signal {
+            signal,
+            pid,
+            message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The last `lines` lines of a log file (reads at most its last 64 KiB).
+pub fn tail(path: &Path, lines: usize) -> String {
+    let read = || -> std::io::Result<String> {
+        let mut f = File::open(path)?;
+        let len = f.metadata()?.len();
+        f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    };
+    match read() {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("<cannot read {}: {e}>", path.display()),
+    }
+}
+
+impl ProcessCluster {
+    /// Lays out `cfg.nodes` nodes on free loopback ports. Starts nothing.
+    pub fn create(cfg: ClusterConfig) -> Result<ProcessCluster, ClusterError> {
+        let logs = cfg.out.join("nodes");
+        let data = cfg.out.join("data");
+        for d in [&logs, &data] {
+            std::fs::create_dir_all(d)
+                .map_err(|e| ClusterError::io(format!("creating {}", d.display()), e))?;
+        }
+        let ports = free_ports(2 * cfg.nodes)?;
+        let nodes: Vec<Node> = (0..cfg.nodes)
+            .map(|i| {
+                let name = format!("n{}", i + 1);
+                Node {
+                    info: NodeInfo {
+                        client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
+                        peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
+                        data_dir: data.join(&name),
+                        log: logs.join(format!("{name}.log")),
+                        name,
+                    },
+                    child: None,
+                    paused: false,
+                    member_id: None,
+                    starts: 0,
+                }
+            })
+            .collect();
+        let initial_cluster = nodes
+            .iter()
+            .map(|n| format!("{}={}", n.info.name, n.info.peer_url))
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(ProcessCluster { cfg, initial_cluster, nodes, unexpected_exits: Vec::new() })
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    pub fn info(&self, i: usize) -> &NodeInfo {
+        &self.nodes[i].info
+    }
+
+    pub fn infos(&self) -> Vec<NodeInfo> {
+        self.nodes.iter().map(|n| n.info.clone()).collect()
+    }
+
+    pub fn state(&self, i: usize) -> NodeState {
+        let n = &self.nodes[i];
+        match (&n.child, n.paused) {
+            (None, _) => NodeState::Down,
+            (Some(_), true) => NodeState::Paused,
+            (Some(_), false) => NodeState::Running,
+        }
+    }
+
+    fn args(&self, i: usize) -> Vec<String> {
+        let n = &self.nodes[i].info;
+        let mut a: Vec<String> = [
+            ("name", n.name.clone()),
+            ("data-dir", n.data_dir.display().to_string()),
+            ("listen-client-urls", n.client_url.clone()),
+            ("advertise-client-urls", n.client_url.clone()),
+            ("listen-peer-urls", n.peer_url.clone()),
+            ("initial-advertise-peer-urls", n.peer_url.clone()),
+            ("initial-cluster", self.initial_cluster.clone()),
+            ("initial-cluster-state", "new".to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [format!("--{k}"), v])
+        .collect();
+        if let Some(l) = &self.cfg.log_level {
+            a.push("--log-level".to_string());
+            a.push(l.clone());
+        }
+        a.extend(self.cfg.extra_args.iter().cloned());
+        a
+    }
+
+    /// Starts node `i`'s process without waiting for it to serve.
+    pub fn spawn(&mut self, i: usize) -> Result<(), ClusterError> {
+        if self.nodes[i].child.is_some() {
+            return Ok(());
+        }
+        let args = self.args(i);
+        let bin = self.cfg.bin.clone();
+        let n = &mut self.nodes[i];
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&n.info.log)
+            .map_err(|e| ClusterError::io(format!("opening {}", n.info.log.display()), e))?;
+        n.starts += 1;
+        writeln!(
+            log,
+            "=== picket-jepsen: start #{} of {}: {} {} ===",
+            n.starts,
+            n.info.name,
+            bin.display(),
+            args.join(" ")
+        )
+        .map_err(|e| ClusterError::io("writing the node log", e))?;
+        let log2 = log.try_clone().map_err(|e| ClusterError::io("duplicating the log", e))?;
+        let child = Command::new(&bin)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(log2)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| ClusterError::io(format!("spawning {}", bin.display()), e))?;
+        info!(node = %n.info.name, pid = child.id(), start = n.starts, "spawned node");
+        n.child = Some(child);
+        n.paused = false;
+        Ok(())
+    }
+
+    pub fn spawn_all(&mut self) -> Result<(), ClusterError> {
+        for i in 0..self.len() {
+            self.spawn(i)?;
+        }
+        Ok(())
+    }
+
+    /// Notices nodes whose process exited although the harness did not kill it, and remembers
+    /// them (a crash is a finding, reported by the cluster checks).
+    pub fn reap_unexpected(&mut self) {
+        for n in &mut self.nodes {
+            let Some(child) = n.child.as_mut() else { continue };
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    warn!(node = %n.info.name, %status, "node exited on its own");
+                    self.unexpected_exits.push((n.info.name.clone(), status.to_string()));
+                    n.child = None;
+                    n.paused = false;
+                }
+                Ok(None) => {}
+                Err(e) => warn!(node = %n.info.name, error = %e, "cannot poll node process"),
+            }
+        }
+    }
+
+    /// `(node, exit status)` of every exit the harness did not cause.
+    pub fn unexpected_exits(&self) -> &[(String, String)] {
+        &self.unexpected_exits
+    }
+
+    fn try_wait(&mut self, i: usize) -> Result<Option<ExitStatus>, ClusterError> {
+        let n = &mut self.nodes[i];
+        let Some(child) = n.child.as_mut() else {
+            return Err(ClusterError::NotRunning(n.info.name.clone()));
+        };
+        let status = child.try_wait().map_err(|e| ClusterError::io("polling a node", e))?;
+        if let Some(s) = status {
+            self.unexpected_exits.push((n.info.name.clone(), s.to_string()));
+            n.child = None;
+            n.paused = false;
+        }
+        Ok(status)
+    }
+
+    fn pid(&self, i: usize) -> Result<u32, ClusterError> {
+        let n = &self.nodes[i];
+        n.child.as_ref().map(Child::id).ok_or_else(|| ClusterError::NotRunning(n.info.name.clone()))
+    }
+
+    /// SIGKILLs node `i` and reaps it. A SIGKILLed process cannot delay its exit (even when
+    /// stopped), so the wait returns as soon as the kernel has torn it down.
+    pub fn kill(&mut self, i: usize) -> Result<(), ClusterError> {
+        let n = &mut self.nodes[i];
+        let Some(mut child) = n.child.take() else {
+            return Err(ClusterError::NotRunning(n.info.name.clone()));
+        };
+        info!(node = %n.info.name, pid = child.id(), "SIGKILL");
+        child.kill().map_err(|e| ClusterError::io("SIGKILL", e))?;
+        child.wait().map_err(|e| ClusterError::io("reaping a killed node", e))?;
+        n.paused = false;
+        Ok(())
+    }
+
+    /// SIGSTOPs node `i`: it keeps its sockets but does nothing, like a long GC pause.
+    pub fn pause(&mut self, i: usize) -> Result<(), ClusterError> {
+        let pid = self.pid(i)?;
+        info!(node = %self.nodes[i].info.name, pid, "SIGSTOP");
+        send_signal(pid, "STOP")?;
+        self.nodes[i].paused = true;
+        Ok(())
+    }
+
+    /// SIGCONTs a paused node.
+    pub fn resume(&mut self, i: usize) -> Result<(), ClusterError> {
+        let pid = self.pid(i)?;
+        info!(node = %self.nodes[i].info.name, pid, "SIGCONT");
+        send_signal(pid, "CONT")?;
+        self.nodes[i].paused = false;
+        Ok(())
+    }
+
+    /// One linearizable `get`, returning the member id in its header.
+    async fn probe(&self, i: usize) -> Result<u64, String> {
+        let mut c = client::connect(&self.nodes[i].info.client_url, PROBE_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        let fut = c.get("picket-jepsen/ready", None);
+        // The client has its own request timeout; this outer bound also covers connecting.
+        let resp = tokio::time::timeout(PROBE_TIMEOUT, fut)
+            .await
+            .map_err(|_| format!("no answer within {PROBE_TIMEOUT:?}"))?
+            .map_err(|e| e.to_string())?;
+        resp.header().map(|h| h.member_id()).ok_or_else(|| "response without a header".into())
+    }
+
+    /// Waits (at most `timeout`, and at most `timeout / PROBE_INTERVAL + 1` attempts) until node
+    /// `i` answers a linearizable `get`, failing early if its process exits.
+    pub async fn wait_ready(&mut self, i: usize, timeout: Duration) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + timeout;
+        let max_attempts = timeout.as_millis() / PROBE_INTERVAL.as_millis() + 1;
+        let mut last_error = "no attempt made".to_string();
+        for _ in 0..max_attempts {
+            if let Some(status) = self.try_wait(i)? {
+                return Err(ClusterError::Exited {
+                    node: self.nodes[i].info.name.clone(),
+                    status: status.to_string(),
+                    log_tail: tail(&self.nodes[i].info.log, 40),
+                });
+            }
+            match self.probe(i).await {
+                Ok(id) => {
+                    self.nodes[i].member_id = Some(id);
+                    return Ok(());
+                }
+                Err(e) => last_error = e,
+            }
+            if Instant::now() >= deadline {
+                break;
+            }
+            tokio::time::sleep(PROBE_INTERVAL).await;
+        }
+        Err(ClusterError::NotReady {
+            node: self.nodes[i].info.name.clone(),
+            waited: timeout,
+            last_error,
+        })
+    }
+
+    /// Waits until every running node is ready, sharing one `timeout`.
+    pub async fn wait_all_ready(&mut self, timeout: Duration) -> Result<(), ClusterError> {
+        let deadline = Instant::now() + timeout;
+        for i in 0..self.len() {
+            if self.state(i) == NodeState::Running {
+                let left = deadline.saturating_duration_since(Instant::now()).max(PROBE_INTERVAL);
+                self.wait_ready(i, left).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of the current leader, if a running node can say (`Maintenance.Status`).
+    /// `None` when no node answers, or when the server does not implement `Status`.
+    pub async fn leader(&self) -> Option<usize> {
+        for i in 0..self.len() {
+            if self.state(i) != NodeState::Running {
+                continue;
+            }
+            let Ok(mut c) = client::connect(&self.nodes[i].info.client_url, STATUS_TIMEOUT).await
+            else {
+                continue;
+            };
+            let Ok(Ok(status)) = tokio::time::timeout(STATUS_TIMEOUT, c.status()).await else {
+                continue;
+            };
+            let leader = status.leader();
+            if let Some(j) = self.nodes.iter().position(|n| n.member_id == Some(leader)) {
+                return Some(j);
+            }
+        }
+        None
+    }
+
+    /// SIGKILLs every node still running (by its PID) and reaps it.
+    pub fn kill_all(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut child) = n.child.take() {
+                // Errors are ignored: the process may have exited on its own already. The wait
+                // is prompt because a SIGKILLed process cannot delay its exit.
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            n.paused = false;
+        }
+    }
+
+    /// Removes every node's data directory (after the nodes are killed).
+    pub fn remove_data(&mut self) {
+        self.kill_all();
+        let data = self.cfg.out.join("data");
+        if let Err(e) = std::fs::remove_dir_all(&data) {
+            warn!(dir = %data.display(), error = %e, "cannot remove node data");
+        }
+    }
+}
+
+impl Drop for ProcessCluster {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+impl Faults for ProcessCluster {
+    fn mode(&self) -> &'static str {
+        "loopback"
+    }
+
+    fn node_count(&self) -> usize {
+        self.len()
+    }
+
+    fn node_name(&self, i: usize) -> String {
+        self.nodes[i].info.name.clone()
+    }
+
+    fn node_state(&self, i: usize) -> NodeState {
+        self.state(i)
+    }
+
+    fn kill(&mut self, i: usize) -> Result<(), FaultError> {
+        ProcessCluster::kill(self, i).map_err(|e| FaultError::Failed(e.to_string()))
+    }
+
+    fn restart(&mut self, i: usize) -> Result<(), FaultError> {
+        self.spawn(i).map_err(|e| FaultError::Failed(e.to_string()))
+    }
+
+    fn pause(&mut self, i: usize) -> Result<(), FaultError> {
+        ProcessCluster::pause(self, i).map_err(|e| FaultError::Failed(e.to_string()))
+    }
+
+    fn resume(&mut self, i: usize) -> Result<(), FaultError> {
+        ProcessCluster::resume(self, i).map_err(|e| FaultError::Failed(e.to_string()))
+    }
+}

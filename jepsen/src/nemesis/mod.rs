@@ -1,0 +1,193 @@
+//! Fault injection.
+//!
+//! Two traits keep *what* to break apart from *how*:
+//! - [`Faults`] is the environment's set of primitive faults on nodes: kill and restart a
+//!   process, pause and resume it, and (not in loopback mode) cut and heal network links. The
+//!   loopback [`crate::cluster::ProcessCluster`] implements the process faults; a network
+//!   namespace environment (later) adds `partition` by overriding the default methods.
+//! - [`Nemesis`] chooses a fault (which node, how long) and undoes it. [`kill::KillNemesis`] and
+//!   [`pause::PauseNemesis`] use only process faults; a partition nemesis will use
+//!   [`Faults::partition`] and work wherever the environment supports it.
+//!
+//! The runner drives the schedule: warm-up, then one fault at a time (inject, hold, heal) every
+//! 5-10 s, then heal everything. It records every fault and heal in the history as `nemesis`
+//! events.
+
+pub mod kill;
+pub mod pause;
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+
+/// What the harness believes about a node's process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeState {
+    Running,
+    /// SIGSTOPped.
+    Paused,
+    /// Never started, killed, or exited.
+    Down,
+}
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum FaultError {
+    /// The environment cannot inject this fault (e.g. a partition in loopback mode).
+    #[error("{fault} is not supported in {mode} mode")]
+    Unsupported { fault: &'static str, mode: &'static str },
+    #[error("unknown nemesis {0:?} (known: kill, pause)")]
+    UnknownNemesis(String),
+    /// A primitive fault failed (a signal could not be sent, a process could not be spawned).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Primitive faults an environment can inject on its nodes.
+pub trait Faults {
+    /// `loopback`, or `netns` for the network-namespace environment.
+    fn mode(&self) -> &'static str;
+    fn node_count(&self) -> usize;
+    fn node_name(&self, i: usize) -> String;
+    fn node_state(&self, i: usize) -> NodeState;
+    /// SIGKILL the node's process.
+    fn kill(&mut self, i: usize) -> Result<(), FaultError>;
+    /// Start a killed node again with the same flags and data.
+    fn restart(&mut self, i: usize) -> Result<(), FaultError>;
+    /// SIGSTOP.
+    fn pause(&mut self, i: usize) -> Result<(), FaultError>;
+    /// SIGCONT.
+    fn resume(&mut self, i: usize) -> Result<(), FaultError>;
+    /// Drops traffic between nodes in different groups (nodes in no group are isolated).
+    fn partition(&mut self, groups: &[Vec<usize>]) -> Result<(), FaultError> {
+        let _ = groups;
+        Err(FaultError::Unsupported { fault: "partition", mode: self.mode() })
+    }
+    /// Removes every network fault. Nothing to do where there are none.
+    fn heal_network(&mut self) -> Result<(), FaultError> {
+        Ok(())
+    }
+}
+
+/// Facts the runner gathers (asynchronously) before a fault is chosen.
+#[derive(Debug, Clone, Default)]
+pub struct FaultContext {
+    /// The current leader, if the cluster can say.
+    pub leader: Option<usize>,
+}
+
+/// A history record of one fault or heal: the nemesis event's `f` and `value`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FaultEvent {
+    pub f: String,
+    pub value: Value,
+}
+
+/// A fault that was injected, and how long to keep it before healing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Injected {
+    pub event: FaultEvent,
+    pub hold: Duration,
+}
+
+/// Chooses, injects and heals one kind of fault.
+pub trait Nemesis: Send {
+    fn name(&self) -> &'static str;
+    /// Chooses and injects one fault. `Ok(None)` means there was nothing to break (for example
+    /// every node is already down).
+    fn inject(
+        &mut self,
+        env: &mut dyn Faults,
+        ctx: &FaultContext,
+        rng: &mut StdRng,
+    ) -> Result<Option<Injected>, FaultError>;
+    /// Undoes every fault this nemesis injected and has not healed yet. Idempotent.
+    fn heal(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError>;
+}
+
+/// Builds the nemeses named on the command line (`kill`, `pause`; `none` for no faults).
+pub fn build(names: &[String]) -> Result<Vec<Box<dyn Nemesis>>, FaultError> {
+    let mut out: Vec<Box<dyn Nemesis>> = Vec::new();
+    for n in names {
+        match n.as_str() {
+            "kill" => out.push(Box::new(kill::KillNemesis::default())),
+            "pause" => out.push(Box::new(pause::PauseNemesis::default())),
+            "none" => {}
+            other => return Err(FaultError::UnknownNemesis(other.to_string())),
+        }
+    }
+    Ok(out)
+}
+
+/// Which nodes a process fault hits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Targets {
+    /// The leader (a random node if the leader is unknown).
+    Leader,
+    /// One random node.
+    One,
+    /// A random minority (at least one node).
+    Minority,
+    /// Every node.
+    All,
+}
+
+impl Targets {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Targets::Leader => "leader",
+            Targets::One => "one",
+            Targets::Minority => "minority",
+            Targets::All => "all",
+        }
+    }
+
+    /// Picks nodes among `candidates` (the nodes the fault can apply to). Returns the nodes and
+    /// whether the leader was actually known (for `Leader`).
+    pub fn pick(
+        self,
+        candidates: &[usize],
+        n: usize,
+        leader: Option<usize>,
+        rng: &mut StdRng,
+    ) -> (Vec<usize>, bool) {
+        if candidates.is_empty() {
+            return (Vec::new(), false);
+        }
+        let mut c = candidates.to_vec();
+        c.shuffle(rng);
+        match self {
+            Targets::Leader => match leader.filter(|l| candidates.contains(l)) {
+                Some(l) => (vec![l], true),
+                None => (vec![c[0]], false),
+            },
+            Targets::One => (vec![c[0]], false),
+            Targets::Minority => {
+                let k = ((n - 1) / 2).max(1).min(c.len());
+                let k = rng.random_range(1..=k);
+                (c[..k].to_vec(), false)
+            }
+            Targets::All => (c, false),
+        }
+    }
+}
+
+/// Node names of `nodes`, for history records.
+pub fn names(env: &dyn Faults, nodes: &[usize]) -> Vec<String> {
+    nodes.iter().map(|&i| env.node_name(i)).collect()
+}
+
+/// A duration drawn uniformly from `[lo, hi]`.
+pub fn between(rng: &mut StdRng, lo: Duration, hi: Duration) -> Duration {
+    if hi <= lo {
+        return lo;
+    }
+    let ms = rng.random_range(lo.as_millis() as u64..=hi.as_millis() as u64);
+    Duration::from_millis(ms)
+}
