@@ -195,33 +195,43 @@ async fn main() -> Result<()> {
             while Instant::now() < deadline {
                 let k = format!("bench/{:08}", rand::rng().random_range(0..keys));
                 let t = Instant::now();
-                let r = match workload {
-                    Workload::Put => c.put(k, value.clone(), None).await.map(|_| ()),
-                    Workload::Get => c.get(k, None).await.map(|_| ()),
-                    Workload::GetSerializable => {
-                        c.get(k, Some(GetOptions::new().with_serializable())).await.map(|_| ())
-                    }
-                    Workload::LeaseCycle => match c.lease_grant(10, None).await {
-                        Ok(g) => match c.lease_keep_alive(g.id()).await {
-                            Ok((_, mut stream)) => match stream.message().await {
-                                Ok(_) => c.lease_revoke(g.id()).await.map(|_| ()),
+                // Per-operation bound, so one stuck request cannot hold the run past its deadline
+                // by more than this; a timed-out operation counts as an error.
+                let op = async {
+                    match workload {
+                        Workload::Put => c.put(k, value.clone(), None).await.map(|_| ()),
+                        Workload::Get => c.get(k, None).await.map(|_| ()),
+                        Workload::GetSerializable => {
+                            c.get(k, Some(GetOptions::new().with_serializable())).await.map(|_| ())
+                        }
+                        Workload::LeaseCycle => match c.lease_grant(10, None).await {
+                            Ok(g) => match c.lease_keep_alive(g.id()).await {
+                                Ok((_, mut stream)) => match stream.message().await {
+                                    Ok(_) => c.lease_revoke(g.id()).await.map(|_| ()),
+                                    Err(e) => Err(e),
+                                },
                                 Err(e) => Err(e),
                             },
                             Err(e) => Err(e),
                         },
-                        Err(e) => Err(e),
-                    },
-                    Workload::LeaseHold => Ok(()),
-                    Workload::LockContended | Workload::LockUncontended => {
-                        match c
-                            .lock(lock_name.as_str(), Some(LockOptions::new().with_lease(lease)))
-                            .await
-                        {
-                            Ok(l) => c.unlock(l.key()).await.map(|_| ()),
-                            Err(e) => Err(e),
+                        Workload::LeaseHold => Ok(()),
+                        Workload::LockContended | Workload::LockUncontended => {
+                            match c
+                                .lock(
+                                    lock_name.as_str(),
+                                    Some(LockOptions::new().with_lease(lease)),
+                                )
+                                .await
+                            {
+                                Ok(l) => c.unlock(l.key()).await.map(|_| ()),
+                                Err(e) => Err(e),
+                            }
                         }
                     }
                 };
+                let r = tokio::time::timeout(Duration::from_secs(10), op)
+                    .await
+                    .unwrap_or_else(|_| Err(etcd_client::Error::InvalidArgs("timed out".into())));
                 match r {
                     Ok(()) => lat.push(t.elapsed()),
                     Err(_) => errors += 1,

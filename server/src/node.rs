@@ -3,9 +3,12 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use picket_proto::etcdserverpb::cluster_server::ClusterServer;
 use picket_proto::etcdserverpb::kv_server::KvServer;
 use picket_proto::etcdserverpb::lease_server::LeaseServer;
+use picket_proto::etcdserverpb::maintenance_server::MaintenanceServer;
 use picket_proto::etcdserverpb::watch_server::WatchServer;
+use picket_proto::picket::raft::v1::cluster_service_server::ClusterServiceServer;
 use picket_proto::picket::raft::v1::raft_service_server::RaftServiceServer;
 use picket_proto::picket::v1::locks_server::LocksServer;
 use picket_proto::v3electionpb::election_server::ElectionServer;
@@ -15,14 +18,19 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::StreamExt;
 
+use crate::api::cluster::{request_gate, ClusterService};
 use crate::api::concurrency::{ElectionService, LockService};
 use crate::api::kv::KvService;
 use crate::api::lease::{LeaseLeader, LeaseRelayTarget, LeaseService};
+use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
 use crate::api::Ctx;
 use crate::config::{Config, ConfigError};
 use crate::raft::bootstrap;
+use crate::raft::identity::{self, IdentityError};
+use crate::raft::membership::{ClusterControl, ClusterPeerService};
 use crate::raft::network::Network;
 use crate::raft::proposer::Proposer;
 use crate::raft::service::PeerService;
@@ -52,6 +60,8 @@ pub enum NodeError {
     Raft(String),
     #[error("cannot listen on {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("member identity: {0}")]
+    Identity(#[from] IdentityError),
 }
 
 /// A running member. Dropping it does not stop it; call [`RunningNode::shutdown`].
@@ -106,8 +116,10 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     let data_dir = cfg.data_dir();
     std::fs::create_dir_all(&data_dir).map_err(NodeError::DataDir)?;
     let members = cfg.initial_members()?;
-    let node_id = bootstrap::member_id(&cfg.initial_cluster_token, &cfg.name);
-    let cluster_id = bootstrap::cluster_id(&cfg.initial_cluster_token, &members);
+    // Fixed at the first start (from the flags, or from the cluster for a member that joins
+    // with `--initial-cluster-state existing`) and read back from the data dir afterwards.
+    let identity::Identity { member_id: node_id, cluster_id } =
+        identity::resolve(&cfg, &members, &data_dir).await?;
     tracing::info!(node_id, cluster_id, name = %cfg.name, data_dir = %data_dir.display(), "starting picketd");
 
     let engine = RocksEngine::open(data_dir.join("db"))?;
@@ -136,6 +148,14 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     let client_listeners = bind_all(&cfg.client_listen_addrs()?).await?;
     let (stop, stop_rx) = watch::channel(false);
     let mut servers = JoinSet::new();
+    let leader_lease = std::time::Duration::from_millis(raft.config().election_timeout_max);
+    let control = ClusterControl::new(
+        cluster_id,
+        proposer.clone(),
+        ctx.sm.clone(),
+        leader_lease,
+        stop.clone(),
+    );
 
     for l in peer_listeners {
         let relay = Arc::new(LeaseRelayTarget(ctx.clone()));
@@ -144,18 +164,29 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
             .max_encoding_message_size(usize::MAX);
         let mut stop_rx = stop_rx.clone();
         servers.spawn(
-            tonic::transport::Server::builder().add_service(svc).serve_with_incoming_shutdown(
-                TcpListenerStream::new(l),
-                async move {
-                    let _ = stop_rx.wait_for(|s| *s).await;
-                },
-            ),
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .add_service(ClusterServiceServer::new(ClusterPeerService::new(control.clone())))
+                // TCP_NODELAY on accepted peer connections: Raft replies are small and
+                // latency-bound, and Nagle plus delayed ACKs would add ~40 ms to a round trip.
+                .serve_with_incoming_shutdown(
+                    TcpListenerStream::new(l).map(|c| {
+                        c.and_then(|s| {
+                            s.set_nodelay(true)?;
+                            Ok(s)
+                        })
+                    }),
+                    async move {
+                        let _ = stop_rx.wait_for(|s| *s).await;
+                    },
+                ),
         );
     }
 
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
     let max_decode = cfg.max_request_bytes + GRPC_OVERHEAD_BYTES;
+    let maintenance = Arc::new(MaintenanceService::new(ctx.clone(), control.clone()));
     for l in client_listeners {
         let kv = KvServer::new(KvService::new(ctx.clone()))
             .max_decoding_message_size(max_decode)
@@ -170,7 +201,13 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         let mut stop_rx = stop_rx.clone();
         servers.spawn(
             tonic::transport::Server::builder()
+                .layer(tonic::service::InterceptorLayer::new(request_gate(control.clone())))
                 .add_service(health_service.clone())
+                .add_service(ClusterServer::new(ClusterService::new(ctx.clone(), control.clone())))
+                .add_service(
+                    MaintenanceServer::from_arc(maintenance.clone())
+                        .max_encoding_message_size(usize::MAX),
+                )
                 .add_service(kv)
                 .add_service(lease)
                 .add_service(watch)
@@ -180,7 +217,8 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
                     LocksServer::new(crate::api::locks::LocksService::new(ctx.clone()))
                         .max_decoding_message_size(max_decode),
                 )
-                .serve_with_incoming_shutdown(TcpListenerStream::new(l), async move {
+                // Repairs the `:authority` etcdctl 3.4 sends for URL endpoints (see the module).
+                .serve_with_incoming_shutdown(crate::api::authority::incoming(l), async move {
                     let _ = stop_rx.wait_for(|s| *s).await;
                 }),
         );
@@ -192,6 +230,12 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
             .map_err(|e| NodeError::Raft(e.to_string()))?;
     }
     tokio::spawn(crate::api::lease::run_expiry(ctx.clone(), stop_rx.clone()));
+    tokio::spawn(crate::raft::member_tasks::publish(
+        control.clone(),
+        cfg.name.clone(),
+        cfg.advertise_client_urls(),
+    ));
+    tokio::spawn(crate::raft::member_tasks::watch_removal(control, health_reporter));
     tracing::info!(node_id, client_urls = ?cfg.advertise_client_urls(), "picketd serving");
     Ok(RunningNode { node_id, raft, ctx, stop, servers })
 }

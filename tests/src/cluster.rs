@@ -147,6 +147,9 @@ struct Member {
     /// `header.member_id` as last reported by this member.
     member_id: Option<u64>,
     starts: u32,
+    /// For a member added to a running cluster ([`Cluster::prepare_member`]): the
+    /// `--initial-cluster` it starts with, under `--initial-cluster-state existing`.
+    joined_with: Option<String>,
 }
 
 /// A set of real `picketd` processes forming one cluster.
@@ -244,6 +247,7 @@ impl Cluster {
                     paused: false,
                     member_id: None,
                     starts: 0,
+                    joined_with: None,
                 }
             })
             .collect();
@@ -320,8 +324,7 @@ impl Cluster {
         Ok(out)
     }
 
-    /// The index of the current leader, asked of the first running member.
-    // requires Maintenance.Status (cluster operations issue)
+    /// The index of the current leader, asked of the first running member (Maintenance.Status).
     pub async fn leader(&self) -> Result<usize> {
         let i = (0..self.len())
             .find(|&i| self.state(i) == MemberState::Running)
@@ -342,14 +345,73 @@ impl Cluster {
             ("advertise-client-urls", m.client_url.clone()),
             ("listen-peer-urls", m.peer_url.clone()),
             ("initial-advertise-peer-urls", m.peer_url.clone()),
-            ("initial-cluster", self.initial_cluster.clone()),
-            ("initial-cluster-state", "new".to_string()),
+            (
+                "initial-cluster",
+                m.joined_with.clone().unwrap_or_else(|| self.initial_cluster.clone()),
+            ),
+            (
+                "initial-cluster-state",
+                if m.joined_with.is_some() { "existing" } else { "new" }.to_string(),
+            ),
         ]
         .into_iter()
         .flat_map(|(k, v)| [format!("--{k}"), v])
         .collect();
         a.extend(self.opts.args());
         a
+    }
+
+    /// Peer URL of member `i`.
+    pub fn peer_url(&self, i: usize) -> String {
+        self.members[i].peer_url.clone()
+    }
+
+    /// Reserves ports and a data directory for a new member that will join the running cluster
+    /// (etcd's procedure: `member add` with [`Cluster::peer_url`], then [`Cluster::spawn`]). It
+    /// starts with `--initial-cluster-state existing` and an `--initial-cluster` listing every
+    /// current member and itself. Returns its index.
+    pub fn prepare_member(&mut self) -> Result<usize> {
+        let ports = free_ports(2)?;
+        let i = self.members.len();
+        let name = format!("n{}", i + 1);
+        let root = self.root().to_path_buf();
+        let peer_url = format!("http://127.0.0.1:{}", ports[1]);
+        let joined_with = self
+            .members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url))
+            .chain(std::iter::once(format!("{name}={peer_url}")))
+            .collect::<Vec<_>>()
+            .join(",");
+        self.members.push(Member {
+            client_url: format!("http://127.0.0.1:{}", ports[0]),
+            peer_url,
+            data_dir: root.join(format!("{name}.data")),
+            stdout_log: root.join(format!("{name}.stdout.log")),
+            stderr_log: root.join(format!("{name}.stderr.log")),
+            name,
+            child: None,
+            paused: false,
+            member_id: None,
+            starts: 0,
+            joined_with: Some(joined_with),
+        });
+        Ok(i)
+    }
+
+    /// Waits (at most `timeout`) for member `i`'s process to exit on its own, e.g. after it was
+    /// removed from the cluster, and returns its exit status.
+    pub async fn wait_exit(&mut self, i: usize, timeout: Duration) -> Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.try_wait(i)? {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                bail!("member {} still running after {timeout:?}", self.members[i].name);
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
     }
 
     /// Starts member `i`'s process without waiting for it to serve.
@@ -531,6 +593,11 @@ impl Cluster {
         send_signal(pid, "CONT")?;
         self.members[i].paused = false;
         Ok(())
+    }
+
+    /// Path of member `i`'s stderr log (where picketd logs), for checks on the whole log.
+    pub fn stderr_log(&self, i: usize) -> &Path {
+        &self.members[i].stderr_log
     }
 
     /// The tail of member `i`'s stderr log (where picketd logs).

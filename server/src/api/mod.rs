@@ -3,10 +3,13 @@
 //! barrier, and stamp every response with a [`ResponseHeader`]. Errors become statuses only in
 //! [`status`].
 
+pub mod authority;
+pub mod cluster;
 pub mod concurrency;
 pub mod kv;
 pub mod lease;
 pub mod locks;
+pub mod maintenance;
 pub mod status;
 pub mod watch;
 

@@ -92,6 +92,30 @@ pub fn request_too_large() -> Status {
     Status::invalid_argument(ERR_REQUEST_TOO_LARGE)
 }
 
+/// Maps a cluster-operation error to etcd's status (codes from etcd's `rpctypes`).
+pub fn membership_status(e: crate::raft::membership::MembershipError) -> Status {
+    use crate::raft::membership::MembershipError as E;
+    let code = match &e {
+        E::Remote(s) => return s.clone(),
+        E::MemberNotFound => Code::NotFound,
+        E::BadUrls => Code::InvalidArgument,
+        E::MemberExists
+        | E::PeerUrlExists
+        | E::NotLearner
+        | E::LearnerNotReady
+        | E::NotEnoughMembers
+        | E::BadTransferee => Code::FailedPrecondition,
+        // Not leader, no leader, timeouts, removed, stopped: try another member or later.
+        _ => Code::Unavailable,
+    };
+    Status::new(code, e.to_string())
+}
+
+/// A `Maintenance` failure reading local storage (not a client error).
+pub fn storage_failure(what: &str, e: impl std::fmt::Display) -> Status {
+    Status::internal(format!("picket: {what}: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

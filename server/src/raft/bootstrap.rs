@@ -63,17 +63,22 @@ pub fn raft_config(cfg: &Config) -> Result<Arc<openraft::Config>, openraft::Conf
     Ok(Arc::new(raft.validate()?))
 }
 
-/// The initial membership as openraft nodes. Client URLs of other members are not known
-/// from flags; they are filled in as members report them (cluster operations).
+/// The initial membership as openraft nodes. It must be identical on every initial member:
+/// each member writes it as its own log entry at index 0, and entries with the same log id are
+/// never compared, so a difference would persist forever. So it holds only what every member
+/// knows from the flags; client URLs are published by each member once it runs
+/// (`raft::member_tasks::publish`).
 pub fn initial_nodes(cfg: &Config, members: &[InitialMember]) -> BTreeMap<NodeId, Member> {
     members
         .iter()
         .map(|m| {
-            let client_urls =
-                if m.name == cfg.name { cfg.advertise_client_urls() } else { Vec::new() };
             (
                 member_id(&cfg.initial_cluster_token, &m.name),
-                Member { name: m.name.clone(), peer_urls: m.peer_urls.clone(), client_urls },
+                Member {
+                    name: m.name.clone(),
+                    peer_urls: m.peer_urls.clone(),
+                    client_urls: Vec::new(),
+                },
             )
         })
         .collect()

@@ -3,7 +3,11 @@
 //! openraft; the MVCC, lease and watch logic sits behind the state machine's apply.
 
 pub mod bootstrap;
+pub mod identity;
+pub mod member_tasks;
+pub mod membership;
 pub mod network;
 pub mod proposer;
 pub mod service;
+pub mod transfer;
 pub mod types;

@@ -1,0 +1,255 @@
+//! `etcdserverpb.Maintenance`: Status, Alarm, HashKV, Hash, Snapshot, Defragment, MoveLeader.
+//!
+//! Everything here describes or maintains *this* member (as in etcd): Status and the hashes are
+//! local reads, Snapshot streams this member's state, Defragment compacts this member's RocksDB.
+//! MoveLeader is a cluster operation and goes to the leader ([`crate::raft::transfer`]).
+//!
+//! Alarms are kept in memory on the member that was asked, not replicated: Picket raises no
+//! alarms itself yet (no space quota, no corruption checker), so GET is always empty unless an
+//! operator activated one by hand, and an activated alarm does not stop writes.
+
+use std::collections::BTreeSet;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use parking_lot::Mutex;
+use picket_proto::etcdserverpb::alarm_request::AlarmAction;
+use picket_proto::etcdserverpb::maintenance_server::Maintenance;
+use picket_proto::etcdserverpb::{
+    AlarmMember, AlarmRequest, AlarmResponse, AlarmType, DefragmentRequest, DefragmentResponse,
+    DowngradeRequest, DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse,
+    MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
+    StatusResponse,
+};
+use picket_proto::picket::raft::v1::cluster_op::Op;
+use tonic::{Request, Response, Status};
+
+use super::status::{membership_status, mvcc_status, storage_failure};
+use super::Ctx;
+use crate::mvcc::hash::{hash_kv, hash_store};
+use crate::raft::membership::ClusterControl;
+use crate::storage::engine::{Cf, Engine};
+use crate::storage::rocks::RocksEngine;
+use crate::storage::{snapshot, snapshot_file};
+
+/// The version `Status` reports. Clients gate features on an etcd version, so Picket reports the
+/// etcd API level it implements (3.5.0) and names itself in the semver build metadata, which
+/// does not affect version precedence (a `-picket` pre-release would sort below 3.5.0).
+pub const VERSION: &str = concat!("3.5.0+picket.", env!("CARGO_PKG_VERSION"));
+
+/// Bytes of snapshot per streamed message (etcd sends 32 KiB).
+const SNAPSHOT_CHUNK: usize = 64 * 1024;
+
+/// etcd's text for a member without a leader, listed in `Status.errors`.
+const NO_LEADER: &str = "etcdserver: no leader";
+
+pub struct MaintenanceService {
+    ctx: Arc<Ctx>,
+    control: ClusterControl,
+    /// Active alarms as (member id, alarm type); see the module docs.
+    alarms: Mutex<BTreeSet<(u64, i32)>>,
+}
+
+impl MaintenanceService {
+    pub fn new(ctx: Arc<Ctx>, control: ClusterControl) -> Self {
+        Self { ctx, control, alarms: Mutex::new(BTreeSet::new()) }
+    }
+
+    fn engine(&self) -> RocksEngine {
+        self.ctx.sm.engine().clone()
+    }
+}
+
+/// RocksDB size estimates: (bytes on disk, bytes of live data), over every column family,
+/// counting SST files and memtables (etcd: bbolt file size and bytes in use).
+fn db_sizes(engine: &RocksEngine) -> (i64, i64) {
+    let db = engine.db();
+    let prop = |cf: Cf, name: &rocksdb::properties::PropName| -> u64 {
+        // A missing or unreadable property only makes the estimate smaller.
+        db.property_int_value_cf(engine.cf_handle(cf), name).ok().flatten().unwrap_or(0)
+    };
+    let (mut total, mut live) = (0u64, 0u64);
+    for cf in Cf::ALL {
+        let mem = prop(cf, rocksdb::properties::CUR_SIZE_ALL_MEM_TABLES);
+        total += prop(cf, rocksdb::properties::TOTAL_SST_FILES_SIZE) + mem;
+        live += prop(cf, rocksdb::properties::LIVE_SST_FILES_SIZE) + mem;
+    }
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    (clamp(total), clamp(live.min(total)))
+}
+
+type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Maintenance for MaintenanceService {
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn alarm(&self, req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
+        let req = req.into_inner();
+        let header = Some(self.ctx.header(self.ctx.sm.revision()));
+        let mut alarms = self.alarms.lock();
+        let action = AlarmAction::try_from(req.action)
+            .map_err(|_| Status::invalid_argument("picket: unknown alarm action"))?;
+        let listed = match action {
+            AlarmAction::Get => alarms
+                .iter()
+                .filter(|(m, a)| {
+                    (req.member_id == 0 || *m == req.member_id)
+                        && (req.alarm == AlarmType::None as i32 || *a == req.alarm)
+                })
+                .map(|&(member_id, alarm)| AlarmMember { member_id, alarm })
+                .collect(),
+            AlarmAction::Activate => {
+                if req.alarm == AlarmType::None as i32 {
+                    return Err(Status::invalid_argument("picket: cannot activate alarm NONE"));
+                }
+                alarms.insert((req.member_id, req.alarm));
+                vec![AlarmMember { member_id: req.member_id, alarm: req.alarm }]
+            }
+            AlarmAction::Deactivate => {
+                if alarms.remove(&(req.member_id, req.alarm)) {
+                    vec![AlarmMember { member_id: req.member_id, alarm: req.alarm }]
+                } else {
+                    Vec::new()
+                }
+            }
+        };
+        Ok(Response::new(AlarmResponse { header, alarms: listed }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn status(
+        &self,
+        _req: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let m = self.control.metrics();
+        let id = self.ctx.member_id;
+        let membership = m.membership_config.membership();
+        let is_learner =
+            membership.get_node(&id).is_some() && !membership.voter_ids().any(|v| v == id);
+        let leader = m.current_leader.unwrap_or(0);
+        let mut errors = Vec::new();
+        if leader == 0 {
+            errors.push(NO_LEADER.to_string());
+        }
+        for (member, alarm) in self.alarms.lock().iter() {
+            let name = AlarmType::try_from(*alarm).map(|a| a.as_str_name()).unwrap_or("UNKNOWN");
+            errors.push(format!("memberID:{member:x} alarm:{name} "));
+        }
+        let (db_size, db_size_in_use) = db_sizes(self.ctx.sm.engine());
+        Ok(Response::new(StatusResponse {
+            header: Some(self.ctx.header(self.ctx.sm.revision())),
+            version: VERSION.to_string(),
+            db_size,
+            leader,
+            raft_index: m.last_log_index.unwrap_or(0),
+            raft_term: m.current_term,
+            raft_applied_index: m.last_applied.map(|l| l.index).unwrap_or(0),
+            errors,
+            db_size_in_use,
+            is_learner,
+        }))
+    }
+
+    #[tracing::instrument(skip_all)]
+    async fn defragment(
+        &self,
+        _req: Request<DefragmentRequest>,
+    ) -> Result<Response<DefragmentResponse>, Status> {
+        let engine = self.engine();
+        // A full manual compaction rewrites every SST file: blocking, possibly long work.
+        tokio::task::spawn_blocking(move || {
+            for cf in Cf::ALL {
+                engine.db().compact_range_cf(engine.cf_handle(cf), None::<&[u8]>, None::<&[u8]>);
+            }
+        })
+        .await
+        .map_err(|e| storage_failure("defragment", e))?;
+        tracing::info!("defragmented (compacted every column family)");
+        Ok(Response::new(DefragmentResponse {
+            header: Some(self.ctx.header(self.ctx.sm.revision())),
+        }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn hash(&self, _req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        let engine = self.engine();
+        let (hash, revision) = tokio::task::spawn_blocking(move || {
+            let view = engine.view();
+            let revision = crate::mvcc::read::read_revisions(&view)?.current;
+            hash_store(&view).map(|h| (h, revision))
+        })
+        .await
+        .map_err(|e| storage_failure("hash", e))?
+        .map_err(|e| mvcc_status(&e))?;
+        Ok(Response::new(HashResponse { header: Some(self.ctx.header(revision)), hash }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(revision = req.get_ref().revision))]
+    async fn hash_kv(
+        &self,
+        req: Request<HashKvRequest>,
+    ) -> Result<Response<HashKvResponse>, Status> {
+        let rev = req.get_ref().revision;
+        let engine = self.engine();
+        // Reads the whole kv column family: keep it off the async workers.
+        let h = tokio::task::spawn_blocking(move || hash_kv(&engine.view(), rev))
+            .await
+            .map_err(|e| storage_failure("hash", e))?
+            .map_err(|e| mvcc_status(&e))?;
+        Ok(Response::new(HashKvResponse {
+            header: Some(self.ctx.header(h.current_revision)),
+            hash: h.hash,
+            compact_revision: h.compact_revision,
+        }))
+    }
+
+    type SnapshotStream = SnapshotStream;
+
+    #[tracing::instrument(skip_all)]
+    async fn snapshot(
+        &self,
+        _req: Request<SnapshotRequest>,
+    ) -> Result<Response<SnapshotStream>, Status> {
+        let engine = self.engine();
+        let revision = self.ctx.sm.revision();
+        // Building reads the whole store from one RocksDB snapshot (a consistent cut).
+        let blob = tokio::task::spawn_blocking(move || snapshot::build(engine.db()))
+            .await
+            .map_err(|e| storage_failure("snapshot", e))?
+            .map_err(|e| storage_failure("snapshot", e))?;
+        let file = snapshot_file::encode(&blob);
+        tracing::info!(bytes = file.len(), revision, "streaming snapshot");
+        let total = file.len();
+        let mut header = Some(self.ctx.header(revision));
+        // Chunks are cut lazily from the one buffer the stream owns.
+        let chunks = (0..total.div_ceil(SNAPSHOT_CHUNK)).map(move |i| {
+            let start = i * SNAPSHOT_CHUNK;
+            let end = (start + SNAPSHOT_CHUNK).min(total);
+            Ok(SnapshotResponse {
+                header: header.take(),
+                remaining_bytes: (total - end) as u64,
+                blob: file[start..end].to_vec(),
+            })
+        });
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+    }
+
+    #[tracing::instrument(skip_all, fields(target = req.get_ref().target_id))]
+    async fn move_leader(
+        &self,
+        req: Request<MoveLeaderRequest>,
+    ) -> Result<Response<MoveLeaderResponse>, Status> {
+        self.control.execute(Op::MoveLeader(req.into_inner())).await.map_err(membership_status)?;
+        Ok(Response::new(MoveLeaderResponse {
+            header: Some(self.ctx.header(self.ctx.sm.revision())),
+        }))
+    }
+
+    async fn downgrade(
+        &self,
+        _req: Request<DowngradeRequest>,
+    ) -> Result<Response<DowngradeResponse>, Status> {
+        Err(Status::unimplemented("picket: cluster version downgrade is not supported"))
+    }
+}

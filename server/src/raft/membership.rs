@@ -1,0 +1,620 @@
+//! Cluster membership: etcd's MemberAdd/Promote/Remove/Update, the members' own "publish" of
+//! their name and client URLs, and leader transfer, all on openraft's joint-consensus
+//! membership.
+//!
+//! # Design
+//! - **One source of truth.** The membership is openraft's: each node id maps to a
+//!   [`Member`] `{ name, peer_urls, client_urls }`; voters are the ids in the (possibly joint)
+//!   configuration, learners the other nodes. There is no second replicated member table, so
+//!   `MemberList`, peer addressing and Raft can never disagree.
+//! - **Client URLs are published through the membership.** Flags only tell a member the *peer*
+//!   URLs of the others. After a member starts it proposes a `SetNodes` change that records its
+//!   name and `--advertise-client-urls` in its own entry (etcd's `publish`), retrying until it
+//!   is in place (see `member_tasks`). `SetNodes` keeps the voter set, so it is a single,
+//!   uniform step; it is safe because it never changes peer URLs.
+//! - **Changes run on the leader, one at a time.** Any member accepts a request and forwards it
+//!   over `picket.raft.v1.ClusterService/Execute` to the leader, which serializes changes with a
+//!   mutex and first completes a joint configuration left over by an earlier leader (openraft
+//!   can stop in the joint configuration if leadership moves between the two steps).
+//! - **Retries are idempotent.** Each operation names its target state; a new member's id is
+//!   chosen by the member that received the request, before anything is proposed. When an
+//!   attempt's outcome is lost (leader change, broken connection), the next attempt is marked
+//!   `retry`, and "already done" then counts as success.
+//! - **Voters join as learners.** `MemberAdd` always adds a learner. Adding a voter then
+//!   promotes it in the background once it has caught up (by snapshot if the log it needs was
+//!   purged), so an added but not yet started member never counts towards the quorum.
+//! - **Promotion needs a caught-up learner** (etcd's rule: its matched log index is at least
+//!   90% of the leader's), else etcd's "can only promote a learner member which is in sync with
+//!   leader".
+//! - **Removed members stop.** A member that sees itself leave the applied membership, or that
+//!   is told by a peer with a newer membership that it is no longer in it, refuses every client
+//!   request and shuts down (see `member_tasks`).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
+use openraft::{ChangeMembers, RaftMetrics};
+use parking_lot::Mutex;
+use picket_proto::etcdserverpb::{
+    Member as PbMember, MemberPromoteRequest, MemberRemoveRequest, MemberUpdateRequest,
+    MoveLeaderRequest,
+};
+use picket_proto::picket::raft::v1::cluster_op::Op;
+use picket_proto::picket::raft::v1::cluster_service_client::ClusterServiceClient;
+use picket_proto::picket::raft::v1::cluster_service_server::ClusterService;
+use picket_proto::picket::raft::v1::{
+    AddMember, CampaignRequest, CampaignResponse, ClusterOp, ClusterOpResponse, MembershipQuery,
+    MembershipView, PublishMember,
+};
+use thiserror::Error;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status};
+
+use super::network::peer_channel;
+use super::proposer::Proposer;
+use super::types::{Member, NodeId, Raft};
+use crate::storage::state_machine::Shared;
+
+/// Marker at the start of the status a member returns when it cannot run an operation because
+/// it is not the leader; the caller retries with the leader.
+pub const NOT_LEADER: &str = "picket: not leader";
+
+/// Pause between attempts while no leader is known or the leader is busy with another change.
+/// Short because both last one election or one commit round trip; every loop using it is bounded
+/// by a request deadline.
+const RETRY_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A learner may be promoted once its matched log index is at least this share of the leader's
+/// last log index (etcd's `readyPercent`).
+const PROMOTE_READY_PERCENT: u64 = 90;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum MembershipError {
+    /// This member is not the leader (hint: the leader, if known). Retry with the leader.
+    #[error("{NOT_LEADER}")]
+    NotLeader(Option<NodeId>),
+    #[error("etcdserver: no leader")]
+    NoLeader,
+    /// The deadline passed; the change may or may not have happened (check `member list`).
+    #[error("etcdserver: request timed out")]
+    Timeout,
+    #[error("etcdserver: member not found")]
+    MemberNotFound,
+    #[error("etcdserver: member ID already exist")]
+    MemberExists,
+    #[error("etcdserver: Peer URLs already exists")]
+    PeerUrlExists,
+    #[error("etcdserver: given member URLs are invalid")]
+    BadUrls,
+    #[error("etcdserver: can only promote a learner member")]
+    NotLearner,
+    #[error("etcdserver: can only promote a learner member which is in sync with leader")]
+    LearnerNotReady,
+    #[error("etcdserver: re-configuration failed due to not enough started members")]
+    NotEnoughMembers,
+    #[error("etcdserver: bad leader transferee")]
+    BadTransferee,
+    #[error("etcdserver: request timed out, leader transfer took too long")]
+    TransferTimeout,
+    /// This member was removed from the cluster and no longer serves.
+    #[error("etcdserver: the member has been permanently removed from the cluster")]
+    Removed,
+    #[error("etcdserver: server stopped")]
+    Stopped,
+    /// The leader answered with this status.
+    #[error("{}", .0.message())]
+    Remote(Status),
+}
+
+/// The etcd view of an openraft membership: every node, voters and learners, by id.
+pub fn etcd_members(m: &openraft::Membership<NodeId, Member>) -> Vec<PbMember> {
+    let voters: BTreeSet<NodeId> = m.voter_ids().collect();
+    m.nodes()
+        .map(|(id, node)| PbMember {
+            id: *id,
+            name: node.name.clone(),
+            peer_ur_ls: node.peer_urls.clone(),
+            client_ur_ls: node.client_urls.clone(),
+            is_learner: !voters.contains(id),
+        })
+        .collect()
+}
+
+/// Checks that every URL is an `http://host:port` URL, as peer URLs must be.
+fn check_urls(urls: &[String]) -> Result<(), MembershipError> {
+    if urls.is_empty() {
+        return Err(MembershipError::BadUrls);
+    }
+    for u in urls {
+        let parsed = url::Url::parse(u).map_err(|_| MembershipError::BadUrls)?;
+        if parsed.scheme() != "http" || parsed.host_str().is_none() || parsed.port().is_none() {
+            return Err(MembershipError::BadUrls);
+        }
+    }
+    Ok(())
+}
+
+fn urls_overlap(a: &[String], b: &[String]) -> bool {
+    a.iter().any(|u| b.contains(u))
+}
+
+/// Cluster operations of one member. Cheap to clone.
+#[derive(Clone)]
+pub struct ClusterControl {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node_id: NodeId,
+    cluster_id: u64,
+    raft: Raft,
+    proposer: Proposer,
+    sm: Arc<Shared>,
+    /// openraft's leader lease: how long followers refuse to vote after hearing from a leader.
+    leader_lease: Duration,
+    /// Serializes membership changes (and leader transfers) on this member while it leads.
+    ops: tokio::sync::Mutex<()>,
+    peers: Mutex<HashMap<String, ClusterServiceClient<Channel>>>,
+    removed: AtomicBool,
+    /// Sending `true` stops the member (its servers, then Raft).
+    stop: watch::Sender<bool>,
+}
+
+impl ClusterControl {
+    pub fn new(
+        cluster_id: u64,
+        proposer: Proposer,
+        sm: Arc<Shared>,
+        leader_lease: Duration,
+        stop: watch::Sender<bool>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                node_id: proposer.node_id(),
+                cluster_id,
+                raft: proposer.raft().clone(),
+                proposer,
+                sm,
+                leader_lease,
+                ops: tokio::sync::Mutex::new(()),
+                peers: Mutex::new(HashMap::new()),
+                removed: AtomicBool::new(false),
+                stop,
+            }),
+        }
+    }
+
+    pub fn node_id(&self) -> NodeId {
+        self.inner.node_id
+    }
+
+    pub fn cluster_id(&self) -> u64 {
+        self.inner.cluster_id
+    }
+
+    pub fn raft(&self) -> &Raft {
+        &self.inner.raft
+    }
+
+    pub(crate) fn proposer(&self) -> &Proposer {
+        &self.inner.proposer
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.inner.sm
+    }
+
+    pub(crate) fn leader_lease(&self) -> Duration {
+        self.inner.leader_lease
+    }
+
+    /// The leader this member follows (or is), if it knows one.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.inner.raft.metrics().borrow().current_leader
+    }
+
+    pub fn metrics(&self) -> RaftMetrics<NodeId, Member> {
+        self.inner.raft.metrics().borrow().clone()
+    }
+
+    /// True once this member has learned it was removed from the cluster.
+    pub fn is_removed(&self) -> bool {
+        self.inner.removed.load(Ordering::Acquire)
+    }
+
+    /// Marks this member removed: it refuses client requests from now on.
+    pub(crate) fn mark_removed(&self) {
+        self.inner.removed.store(true, Ordering::Release);
+    }
+
+    /// Asks the member to stop (servers, then Raft).
+    pub(crate) fn stop(&self) {
+        let _ = self.inner.stop.send(true);
+    }
+
+    pub(crate) fn stop_signal(&self) -> watch::Receiver<bool> {
+        self.inner.stop.subscribe()
+    }
+
+    /// The members in this member's applied (committed) membership.
+    pub fn members(&self) -> Vec<PbMember> {
+        etcd_members(self.inner.sm.membership().membership())
+    }
+
+    /// This member's answer to a `Membership` query from a peer.
+    pub fn view(&self) -> MembershipView {
+        let applied = self.inner.sm.membership();
+        MembershipView {
+            cluster_id: self.inner.cluster_id,
+            member_id: self.inner.node_id,
+            leader_id: self.leader().unwrap_or(0),
+            config_index: applied.log_id().map(|l| l.index + 1).unwrap_or(0),
+            members: etcd_members(applied.membership()),
+        }
+    }
+
+    /// A fresh member id for `MemberAdd`: random, non-zero and unused in the current membership.
+    /// Chosen before proposing, so apply stays deterministic and a retried add reuses it.
+    #[allow(clippy::disallowed_methods)]
+    pub fn new_member_id(&self) -> NodeId {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow();
+        loop {
+            // Not in apply: the id travels inside the proposal, so every replica sees the same.
+            let id = rand::random::<u64>();
+            if id != 0 && m.membership_config.membership().get_node(&id).is_none() {
+                return id;
+            }
+        }
+    }
+
+    /// Runs a cluster operation on the leader, from any member, within the request timeout.
+    /// Returns the membership after it.
+    pub async fn execute(&self, op: Op) -> Result<Vec<PbMember>, MembershipError> {
+        let deadline = Instant::now() + self.inner.proposer.request_timeout();
+        let req = ClusterOp { op: Some(op), retry: false };
+        match tokio::time::timeout_at(deadline, self.execute_until(req, deadline)).await {
+            Ok(r) => r,
+            Err(_) => Err(MembershipError::Timeout),
+        }
+    }
+
+    async fn execute_until(
+        &self,
+        mut req: ClusterOp,
+        deadline: Instant,
+    ) -> Result<Vec<PbMember>, MembershipError> {
+        loop {
+            if self.is_removed() {
+                return Err(MembershipError::Removed);
+            }
+            let leader = self.leader();
+            let outcome = match leader {
+                Some(l) if l == self.inner.node_id => self.run_on_leader(&req, deadline).await,
+                Some(l) => self.forward(l, req.clone()).await,
+                None => Err(MembershipError::NotLeader(None)),
+            };
+            match outcome {
+                // A leader that lost leadership mid-change may have committed part of it; a
+                // broken connection may have lost the answer. The operations are idempotent
+                // with `retry` set, so trying again (until the deadline) is safe.
+                Err(MembershipError::NotLeader(_)) => {
+                    if leader.is_some() {
+                        req.retry = true;
+                    }
+                    if Instant::now() + RETRY_BACKOFF >= deadline {
+                        return Err(if leader.is_some() {
+                            MembershipError::Timeout
+                        } else {
+                            MembershipError::NoLeader
+                        });
+                    }
+                    tokio::time::sleep(RETRY_BACKOFF).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn peer_client(&self, node_id: NodeId) -> Option<ClusterServiceClient<Channel>> {
+        let url = {
+            let metrics = self.inner.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config.membership().get_node(&node_id)?.peer_urls.first()?.clone()
+        };
+        self.client_for(&url)
+    }
+
+    pub(crate) fn client_for(&self, url: &str) -> Option<ClusterServiceClient<Channel>> {
+        let mut peers = self.inner.peers.lock();
+        if let Some(c) = peers.get(url) {
+            return Some(c.clone());
+        }
+        let client = ClusterServiceClient::new(peer_channel(url).ok()?);
+        peers.insert(url.to_string(), client.clone());
+        Some(client)
+    }
+
+    async fn forward(
+        &self,
+        leader: NodeId,
+        req: ClusterOp,
+    ) -> Result<Vec<PbMember>, MembershipError> {
+        let Some(mut client) = self.peer_client(leader) else {
+            return Err(MembershipError::NotLeader(None));
+        };
+        match client.execute(req).await {
+            Ok(resp) => Ok(resp.into_inner().members),
+            Err(s) if s.message().starts_with(NOT_LEADER) => Err(MembershipError::NotLeader(None)),
+            // Transport failures: the leader may be gone; the caller retries idempotently.
+            Err(s) if matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Cancelled) => {
+                tracing::debug!(node_id = leader, error = %s, "forwarded cluster operation failed");
+                Err(MembershipError::NotLeader(None))
+            }
+            Err(s) => Err(MembershipError::Remote(s)),
+        }
+    }
+
+    /// Runs `req` on this member, which must be the leader.
+    pub(crate) async fn run_on_leader(
+        &self,
+        req: &ClusterOp,
+        deadline: Instant,
+    ) -> Result<Vec<PbMember>, MembershipError> {
+        let _guard = self.inner.ops.lock().await;
+        self.ensure_leader()?;
+        self.finish_joint().await?;
+        let retry = req.retry;
+        match req.op.clone() {
+            Some(Op::Add(AddMember { id, peer_urls })) => self.add(id, peer_urls, retry).await?,
+            Some(Op::Promote(MemberPromoteRequest { id })) => self.promote(id, retry).await?,
+            Some(Op::Remove(MemberRemoveRequest { id })) => self.remove(id, retry).await?,
+            Some(Op::Update(MemberUpdateRequest { id, peer_ur_ls })) => {
+                self.update(id, peer_ur_ls).await?
+            }
+            Some(Op::Publish(p)) => self.publish(p).await?,
+            Some(Op::MoveLeader(MoveLeaderRequest { target_id })) => {
+                super::transfer::transfer(self, target_id, deadline).await?
+            }
+            None => {
+                return Err(MembershipError::Remote(Status::invalid_argument("picket: empty op")))
+            }
+        }
+        Ok(etcd_members(self.inner.raft.metrics().borrow().membership_config.membership()))
+    }
+
+    fn ensure_leader(&self) -> Result<(), MembershipError> {
+        match self.leader() {
+            Some(l) if l == self.inner.node_id => Ok(()),
+            other => Err(MembershipError::NotLeader(other)),
+        }
+    }
+
+    /// The leader's latest (possibly not yet committed) membership.
+    fn effective(&self) -> openraft::Membership<NodeId, Member> {
+        self.inner.raft.metrics().borrow().membership_config.membership().clone()
+    }
+
+    /// Submits one membership change, waiting while an earlier change is still uncommitted.
+    async fn change(
+        &self,
+        changes: ChangeMembers<NodeId, Member>,
+        retain: bool,
+    ) -> Result<(), MembershipError> {
+        loop {
+            match self.inner.raft.change_membership(changes.clone(), retain).await {
+                Ok(_) => return Ok(()),
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                    return Err(MembershipError::NotLeader(f.leader_id))
+                }
+                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => match e {
+                    // The previous membership entry commits within a round trip; the caller's
+                    // deadline bounds the wait.
+                    ChangeMembershipError::InProgress(_) => {
+                        tokio::time::sleep(RETRY_BACKOFF).await;
+                    }
+                    ChangeMembershipError::EmptyMembership(_) => {
+                        return Err(MembershipError::NotEnoughMembers)
+                    }
+                    ChangeMembershipError::LearnerNotFound(_) => {
+                        return Err(MembershipError::MemberNotFound)
+                    }
+                },
+                Err(RaftError::Fatal(e)) => {
+                    tracing::error!(error = %e, "raft stopped during a membership change");
+                    return Err(MembershipError::Stopped);
+                }
+            }
+        }
+    }
+
+    /// Completes a joint configuration (left by a leader that lost leadership between the two
+    /// steps of a change) by moving to its newer half.
+    async fn finish_joint(&self) -> Result<(), MembershipError> {
+        let m = self.effective();
+        let configs = m.get_joint_config();
+        if configs.len() > 1 {
+            let target = configs.last().cloned().unwrap_or_default();
+            tracing::warn!(voters = ?target, "membership is joint; completing the change");
+            self.change(ChangeMembers::ReplaceAllVoters(target), false).await?;
+        }
+        Ok(())
+    }
+
+    async fn add(
+        &self,
+        id: NodeId,
+        peer_urls: Vec<String>,
+        retry: bool,
+    ) -> Result<(), MembershipError> {
+        check_urls(&peer_urls)?;
+        let m = self.effective();
+        if let Some(node) = m.get_node(&id) {
+            if retry && node.peer_urls == peer_urls {
+                return Ok(());
+            }
+            return Err(MembershipError::MemberExists);
+        }
+        if m.nodes().any(|(_, n)| urls_overlap(&n.peer_urls, &peer_urls)) {
+            return Err(MembershipError::PeerUrlExists);
+        }
+        tracing::info!(node_id = id, ?peer_urls, "adding learner");
+        let node = Member { name: String::new(), peer_urls, client_urls: Vec::new() };
+        self.change(ChangeMembers::AddNodes(BTreeMap::from([(id, node)])), true).await
+    }
+
+    /// Whether learner `id` has caught up enough to be promoted (etcd's `isLearnerReady`).
+    fn learner_ready(&self, id: NodeId) -> bool {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow();
+        let last = m.last_log_index.unwrap_or(0);
+        let matched =
+            m.replication.as_ref().and_then(|r| r.get(&id).cloned()).flatten().map(|l| l.index);
+        match matched {
+            Some(matched) => matched * 100 >= last * PROMOTE_READY_PERCENT,
+            None => false,
+        }
+    }
+
+    async fn promote(&self, id: NodeId, retry: bool) -> Result<(), MembershipError> {
+        let m = self.effective();
+        if m.get_node(&id).is_none() {
+            return Err(MembershipError::MemberNotFound);
+        }
+        if m.voter_ids().any(|v| v == id) {
+            return if retry { Ok(()) } else { Err(MembershipError::NotLearner) };
+        }
+        if !self.learner_ready(id) {
+            return Err(MembershipError::LearnerNotReady);
+        }
+        tracing::info!(node_id = id, "promoting learner to voter");
+        self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true).await
+    }
+
+    async fn remove(&self, id: NodeId, retry: bool) -> Result<(), MembershipError> {
+        let m = self.effective();
+        if m.get_node(&id).is_none() {
+            return if retry { Ok(()) } else { Err(MembershipError::MemberNotFound) };
+        }
+        if m.voter_ids().any(|v| v == id) {
+            let last = m.get_joint_config().last().cloned().unwrap_or_default();
+            if last.iter().all(|v| *v == id) {
+                return Err(MembershipError::NotEnoughMembers);
+            }
+            tracing::info!(node_id = id, "removing voter");
+            self.change(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false).await
+        } else {
+            tracing::info!(node_id = id, "removing learner");
+            self.change(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false).await
+        }
+    }
+
+    async fn update(&self, id: NodeId, peer_urls: Vec<String>) -> Result<(), MembershipError> {
+        check_urls(&peer_urls)?;
+        let m = self.effective();
+        let node = m.get_node(&id).ok_or(MembershipError::MemberNotFound)?;
+        if m.nodes().any(|(other, n)| *other != id && urls_overlap(&n.peer_urls, &peer_urls)) {
+            return Err(MembershipError::PeerUrlExists);
+        }
+        if node.peer_urls == peer_urls {
+            return Ok(());
+        }
+        tracing::info!(node_id = id, ?peer_urls, "updating peer URLs");
+        let node = Member { peer_urls, ..node.clone() };
+        self.change(ChangeMembers::SetNodes(BTreeMap::from([(id, node)])), true).await
+    }
+
+    async fn publish(&self, p: PublishMember) -> Result<(), MembershipError> {
+        let m = self.effective();
+        let node = m.get_node(&p.id).ok_or(MembershipError::MemberNotFound)?;
+        if node.name == p.name && node.client_urls == p.client_urls {
+            return Ok(());
+        }
+        tracing::info!(node_id = p.id, name = %p.name, client_urls = ?p.client_urls, "publishing member");
+        let node = Member { name: p.name, client_urls: p.client_urls, ..node.clone() };
+        self.change(ChangeMembers::SetNodes(BTreeMap::from([(p.id, node)])), true).await
+    }
+}
+
+/// The peer-facing `ClusterService`.
+pub struct ClusterPeerService {
+    control: ClusterControl,
+}
+
+impl ClusterPeerService {
+    pub fn new(control: ClusterControl) -> Self {
+        Self { control }
+    }
+}
+
+#[tonic::async_trait]
+impl ClusterService for ClusterPeerService {
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn execute(
+        &self,
+        req: Request<ClusterOp>,
+    ) -> Result<Response<ClusterOpResponse>, Status> {
+        let req = req.into_inner();
+        // Only run locally: a forwarded operation is never forwarded again, so a stale leader
+        // hint cannot bounce it around the cluster.
+        let deadline = Instant::now() + self.control.proposer().request_timeout();
+        let run = self.control.run_on_leader(&req, deadline);
+        match tokio::time::timeout_at(deadline, run).await {
+            Ok(Ok(members)) => Ok(Response::new(ClusterOpResponse { members })),
+            Ok(Err(e)) => Err(crate::api::status::membership_status(e)),
+            Err(_) => Err(crate::api::status::membership_status(MembershipError::Timeout)),
+        }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn membership(
+        &self,
+        _req: Request<MembershipQuery>,
+    ) -> Result<Response<MembershipView>, Status> {
+        Ok(Response::new(self.control.view()))
+    }
+
+    #[tracing::instrument(level = "info", skip_all, fields(leader = req.get_ref().leader_id))]
+    async fn campaign(
+        &self,
+        req: Request<CampaignRequest>,
+    ) -> Result<Response<CampaignResponse>, Status> {
+        super::transfer::campaign(&self.control, req.into_inner())
+            .await
+            .map(|()| Response::new(CampaignResponse {}))
+            .map_err(crate::api::status::membership_status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_checks() {
+        assert!(check_urls(&["http://127.0.0.1:2380".into()]).is_ok());
+        assert!(check_urls(&[]).is_err());
+        assert!(check_urls(&["127.0.0.1:2380".into()]).is_err());
+        assert!(check_urls(&["https://127.0.0.1:2380".into()]).is_err());
+        assert!(check_urls(&["http://127.0.0.1".into()]).is_err());
+        assert!(urls_overlap(&["a".into(), "b".into()], &["b".into()]));
+        assert!(!urls_overlap(&["a".into()], &["b".into()]));
+    }
+
+    #[test]
+    fn etcd_members_marks_learners_and_joint_voters() {
+        let node = |n: &str| Member { name: n.into(), ..Default::default() };
+        let m = openraft::Membership::new(
+            vec![BTreeSet::from([1, 2]), BTreeSet::from([2, 3])],
+            BTreeMap::from([(1, node("a")), (2, node("b")), (3, node("c")), (4, node("d"))]),
+        );
+        let got: Vec<(u64, bool)> = etcd_members(&m).iter().map(|m| (m.id, m.is_learner)).collect();
+        assert_eq!(got, vec![(1, false), (2, false), (3, false), (4, true)]);
+    }
+}
