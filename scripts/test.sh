@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-deps.sh
-cargo build --workspace --bins
+# Examples too: client/tests/client_examples.rs runs them against a real cluster.
+cargo build --workspace --bins --examples
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast "$@"
 else

@@ -1,6 +1,11 @@
 //! `picket-bench`: drives any etcd-API endpoint list with N clients for a fixed time and prints
-//! ops/s and latency percentiles. The first workloads of issue 9 (put, get linearizable and
-//! serializable); it talks only the etcd API, so the same run can target etcd for comparison.
+//! ops/s and latency percentiles (issue 9's workloads). It talks only the etcd API, so the same
+//! run can target etcd for comparison. Lease workloads live in [`lease`], the watch latency
+//! workload in [`watch`].
+
+mod cpu;
+mod lease;
+mod watch;
 
 use std::time::{Duration, Instant};
 
@@ -25,9 +30,12 @@ enum Workload {
     /// Grant a lease, keep it alive once, revoke it; reports full cycles.
     LeaseCycle,
     /// Hold `--leases` leases alive with keep-alives every `--keepalive-interval` seconds over
-    /// `--conns` streams for the whole run; reports keep-alives answered (the point is the
-    /// server's CPU while it runs, which the calling script measures).
+    /// `--conns` streams for the whole run; reports keep-alives answered, their latency and
+    /// (with `--cpu-pids`) the servers' CPU seconds over the window.
     LeaseHold,
+    /// Put-to-event latency with `--watchers` watchers on one prefix and one writer putting
+    /// `--put-rate` keys per second.
+    Watch,
 }
 
 #[derive(Debug, Parser)]
@@ -62,69 +70,19 @@ struct Args {
     /// lease-hold: seconds between keep-alives of one lease.
     #[arg(long, default_value_t = 3)]
     keepalive_interval: u64,
+    /// watch: number of watchers (one watch stream each).
+    #[arg(long, default_value_t = 16)]
+    watchers: usize,
+    /// watch: puts per second.
+    #[arg(long, default_value_t = 50)]
+    put_rate: u64,
+    /// Comma-separated server PIDs whose CPU time (from /proc) to report over the measured
+    /// window (lease-hold).
+    #[arg(long, value_delimiter = ',')]
+    cpu_pids: Vec<u32>,
 }
 
-/// Keeps `leases` alive over `conns` keep-alive streams (many leases per stream, as real
-/// clients multiplex them) until `deadline`; returns (keep-alives answered, errors).
-async fn lease_hold(
-    conns: &[Client],
-    endpoints: &[String],
-    args: &Args,
-    deadline: Instant,
-) -> Result<(u64, u64)> {
-    use picket_proto::etcdserverpb::lease_client::LeaseClient;
-    use picket_proto::etcdserverpb::LeaseKeepAliveRequest;
-    let mut c = conns[0].clone();
-    let mut ids = Vec::with_capacity(args.leases);
-    for _ in 0..args.leases {
-        ids.push(c.lease_grant(30, None).await?.id());
-    }
-    let streams = args.conns.max(1);
-    let per = ids.len().div_ceil(streams).max(1);
-    let mut tasks = Vec::new();
-    for (i, chunk) in ids.chunks(per).enumerate() {
-        let ep = endpoints[i % endpoints.len()].clone();
-        let chunk = chunk.to_vec();
-        let interval = Duration::from_secs(args.keepalive_interval.max(1));
-        tasks.push(tokio::spawn(async move {
-            let mut client = LeaseClient::connect(ep).await?;
-            let (tx, rx) = tokio::sync::mpsc::channel(chunk.len().max(1));
-            let mut answers = client
-                .lease_keep_alive(tokio_stream::wrappers::ReceiverStream::new(rx))
-                .await?
-                .into_inner();
-            let (mut ok, mut errors) = (0u64, 0u64);
-            // Bounded by the deadline; each round sends one keep-alive per lease and reads the
-            // answers before sleeping until the next round.
-            while Instant::now() < deadline {
-                let round = Instant::now();
-                for id in &chunk {
-                    tx.send(LeaseKeepAliveRequest { id: *id }).await?;
-                }
-                for _ in &chunk {
-                    match answers.message().await {
-                        Ok(Some(r)) if r.ttl > 0 => ok += 1,
-                        _ => errors += 1,
-                    }
-                }
-                tokio::time::sleep(interval.saturating_sub(round.elapsed())).await;
-            }
-            anyhow::Ok((ok, errors))
-        }));
-    }
-    let (mut ok, mut errors) = (0, 0);
-    for t in tasks {
-        let (o, e) = t.await??;
-        ok += o;
-        errors += e;
-    }
-    for id in ids {
-        let _ = c.lease_revoke(id).await;
-    }
-    Ok((ok, errors))
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
+pub(crate) fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
@@ -161,21 +119,24 @@ async fn main() -> Result<()> {
             leases.push(c.lease_grant(60, None).await?.id());
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(args.seconds);
-    if matches!(args.workload, Workload::LeaseHold) {
-        let start = Instant::now();
-        let (ok, errors) = lease_hold(&conns, &endpoints, &args, deadline).await?;
-        println!(
-            "workload=LeaseHold leases={} interval={}s conns={} keepalives={} errors={} keepalives/s={:.0}",
-            args.leases,
-            args.keepalive_interval,
-            args.conns,
-            ok,
-            errors,
-            ok as f64 / start.elapsed().as_secs_f64()
-        );
-        return Ok(());
+    let window = Duration::from_secs(args.seconds);
+    match args.workload {
+        Workload::LeaseHold => {
+            let interval = Duration::from_secs(args.keepalive_interval.max(1));
+            let cpu = cpu::CpuMeter::new(args.cpu_pids.clone());
+            let report =
+                lease::hold(&conns[0], &endpoints, args.leases, args.conns, interval, window, &cpu)
+                    .await?;
+            report.print(args.leases, args.keepalive_interval, args.conns);
+            return Ok(());
+        }
+        Workload::Watch => {
+            let w = watch::WatchArgs { watchers: args.watchers, put_rate: args.put_rate, window };
+            return watch::latency(&conns, &w).await;
+        }
+        _ => {}
     }
+    let deadline = Instant::now() + window;
     let mut tasks = Vec::new();
     for i in 0..args.clients {
         let mut c = conns[i % conns.len()].clone();
@@ -204,17 +165,8 @@ async fn main() -> Result<()> {
                         Workload::GetSerializable => {
                             c.get(k, Some(GetOptions::new().with_serializable())).await.map(|_| ())
                         }
-                        Workload::LeaseCycle => match c.lease_grant(10, None).await {
-                            Ok(g) => match c.lease_keep_alive(g.id()).await {
-                                Ok((_, mut stream)) => match stream.message().await {
-                                    Ok(_) => c.lease_revoke(g.id()).await.map(|_| ()),
-                                    Err(e) => Err(e),
-                                },
-                                Err(e) => Err(e),
-                            },
-                            Err(e) => Err(e),
-                        },
-                        Workload::LeaseHold => Ok(()),
+                        Workload::LeaseCycle => lease::cycle(&mut c).await,
+                        Workload::LeaseHold | Workload::Watch => Ok(()),
                         Workload::LockContended | Workload::LockUncontended => {
                             match c
                                 .lock(

@@ -1,20 +1,27 @@
-//! [`ProcessCluster`]: N real server processes (`picketd`, or `etcd` started the same way) on
-//! loopback ports, controlled as processes: spawn, SIGKILL, SIGSTOP/SIGCONT, restart.
+//! [`ProcessCluster`]: N real server processes (`picketd`, or `etcd` started the same way),
+//! controlled as processes: spawn, SIGKILL, SIGSTOP/SIGCONT, restart. In loopback mode every node
+//! listens on free `127.0.0.1` ports; in network-namespace mode (a [`Network`] is given) node `i`
+//! runs inside its own namespace and listens on its own address, ports 2379 and 2380, and the
+//! cluster can also cut links between nodes ([`Faults::cut`]).
 //!
 //! Each node logs (stdout and stderr) to `<out>/nodes/<name>.log` and keeps its data in
 //! `<out>/data/<name>`. A restart reuses exactly the same flags and data directory, as an
 //! operator restarting etcd would.
 //!
 //! No process outlives the cluster: `Drop` SIGKILLs every child it started, by its PID, which
-//! also runs when the harness panics or its run future is dropped on Ctrl-C. (A parent-death
-//! signal would also cover a SIGKILLed harness, but setting it needs `unsafe` `pre_exec`, which
-//! the workspace forbids; a harness killed with SIGKILL leaves its nodes running.)
+//! also runs when the harness panics or its run future is dropped on Ctrl-C. Nodes are also
+//! started through `setpriv --pdeathsig KILL` (util-linux) when it is installed, which gives them
+//! a parent-death signal without `unsafe` `pre_exec` (the workspace forbids `unsafe`), so a
+//! SIGKILLed harness takes its nodes with it. The signal fires when the *thread* that spawned the
+//! node exits; nodes are spawned from the run future, which `block_on` polls on the main thread,
+//! so the signal fires only when the process ends.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -23,6 +30,15 @@ use tracing::{info, warn};
 
 use crate::client;
 use crate::nemesis::{FaultError, Faults, NodeState};
+use crate::netns::Network;
+
+/// Client and peer ports of every node in network-namespace mode (each node has its own
+/// address, so they can all use etcd's well-known ports).
+const NETNS_CLIENT_PORT: u16 = 2379;
+const NETNS_PEER_PORT: u16 = 2380;
+
+/// util-linux's `setpriv`, used to give nodes a parent-death signal.
+const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// Pause between readiness probes: an election takes a few hundred milliseconds, so polling
 /// faster would only load the 2-core machine.
@@ -109,6 +125,8 @@ pub struct ClusterConfig {
     pub log_level: Option<String>,
     /// Further flags, appended verbatim.
     pub extra_args: Vec<String>,
+    /// Network-namespace mode when set; loopback mode otherwise.
+    pub network: Option<Arc<Network>>,
 }
 
 /// A set of real server processes forming one cluster.
@@ -181,14 +199,37 @@ impl ProcessCluster {
             std::fs::create_dir_all(d)
                 .map_err(|e| ClusterError::io(format!("creating {}", d.display()), e))?;
         }
-        let ports = free_ports(2 * cfg.nodes)?;
-        let nodes: Vec<Node> = (0..cfg.nodes)
-            .map(|i| {
+        let urls: Vec<(String, String)> = match &cfg.network {
+            Some(net) => (0..cfg.nodes)
+                .map(|i| {
+                    let a = net.addr(i);
+                    (
+                        format!("http://{a}:{NETNS_CLIENT_PORT}"),
+                        format!("http://{a}:{NETNS_PEER_PORT}"),
+                    )
+                })
+                .collect(),
+            None => {
+                let ports = free_ports(2 * cfg.nodes)?;
+                (0..cfg.nodes)
+                    .map(|i| {
+                        (
+                            format!("http://127.0.0.1:{}", ports[2 * i]),
+                            format!("http://127.0.0.1:{}", ports[2 * i + 1]),
+                        )
+                    })
+                    .collect()
+            }
+        };
+        let nodes: Vec<Node> = urls
+            .into_iter()
+            .enumerate()
+            .map(|(i, (client_url, peer_url))| {
                 let name = format!("n{}", i + 1);
                 Node {
                     info: NodeInfo {
-                        client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
-                        peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
+                        client_url,
+                        peer_url,
                         data_dir: data.join(&name),
                         log: logs.join(format!("{name}.log")),
                         name,
@@ -261,8 +302,7 @@ impl ProcessCluster {
         if self.nodes[i].child.is_some() {
             return Ok(());
         }
-        let args = self.args(i);
-        let bin = self.cfg.bin.clone();
+        let argv = self.command_line(i);
         let n = &mut self.nodes[i];
         let mut log = OpenOptions::new()
             .create(true)
@@ -272,25 +312,40 @@ impl ProcessCluster {
         n.starts += 1;
         writeln!(
             log,
-            "=== picket-jepsen: start #{} of {}: {} {} ===",
+            "=== picket-jepsen: start #{} of {}: {} ===",
             n.starts,
             n.info.name,
-            bin.display(),
-            args.join(" ")
+            argv.join(" ")
         )
         .map_err(|e| ClusterError::io("writing the node log", e))?;
         let log2 = log.try_clone().map_err(|e| ClusterError::io("duplicating the log", e))?;
-        let child = Command::new(&bin)
-            .args(&args)
+        let child = Command::new(&argv[0])
+            .args(&argv[1..])
             .stdin(Stdio::null())
             .stdout(log2)
             .stderr(log)
             .spawn()
-            .map_err(|e| ClusterError::io(format!("spawning {}", bin.display()), e))?;
+            .map_err(|e| ClusterError::io(format!("spawning {}", argv.join(" ")), e))?;
         info!(node = %n.info.name, pid = child.id(), start = n.starts, "spawned node");
         n.child = Some(child);
         n.paused = false;
         Ok(())
+    }
+
+    /// The full command line of node `i`: `[setpriv --pdeathsig KILL --] [ip netns exec <ns>]
+    /// <server> <flags>`. setpriv and `ip netns exec` both exec the next program, so the child's
+    /// PID is the server's own and signals sent by PID reach the server.
+    fn command_line(&self, i: usize) -> Vec<String> {
+        let mut argv: Vec<String> = Vec::new();
+        if Path::new(SETPRIV).is_file() {
+            argv.extend([SETPRIV, "--pdeathsig", "KILL", "--"].map(String::from));
+        }
+        if let Some(net) = &self.cfg.network {
+            argv.extend(["ip", "netns", "exec", net.node_namespace(i)].map(String::from));
+        }
+        argv.push(self.cfg.bin.display().to_string());
+        argv.extend(self.args(i));
+        argv
     }
 
     pub fn spawn_all(&mut self) -> Result<(), ClusterError> {
@@ -486,7 +541,10 @@ impl Drop for ProcessCluster {
 
 impl Faults for ProcessCluster {
     fn mode(&self) -> &'static str {
-        "loopback"
+        match self.cfg.network {
+            Some(_) => "netns",
+            None => "loopback",
+        }
     }
 
     fn node_count(&self) -> usize {
@@ -515,5 +573,26 @@ impl Faults for ProcessCluster {
 
     fn resume(&mut self, i: usize) -> Result<(), FaultError> {
         ProcessCluster::resume(self, i).map_err(|e| FaultError::Failed(e.to_string()))
+    }
+
+    fn supports_network_faults(&self) -> bool {
+        self.cfg.network.is_some()
+    }
+
+    fn cut(&mut self, links: &[(usize, usize)]) -> Result<(), FaultError> {
+        let net = self
+            .cfg
+            .network
+            .as_ref()
+            .ok_or(FaultError::Unsupported { fault: "partition", mode: "loopback" })?;
+        info!(?links, "cutting links");
+        net.cut(links).map_err(|e| FaultError::Failed(e.to_string()))
+    }
+
+    fn heal_network(&mut self) -> Result<(), FaultError> {
+        match &self.cfg.network {
+            Some(net) => net.heal().map_err(|e| FaultError::Failed(e.to_string())),
+            None => Ok(()),
+        }
     }
 }

@@ -9,17 +9,22 @@
 //! - [`checker`]: offline checkers (linearizability with a WGL search, etcd revisions, locks,
 //!   sets), each returning valid / invalid / unknown.
 //! - [`cluster`]: starts, kills, pauses and restarts `picketd` (or `etcd`) processes.
+//! - [`netns`]: network-namespace mode: one namespace per node, a bridge in the control
+//!   namespace where the harness runs, iptables chains for partitions, and the sweep of leftovers.
 //! - [`nemesis`]: fault injection behind the [`nemesis::Faults`] and [`nemesis::Nemesis`]
 //!   traits, so network faults (namespaces, iptables) can be added beside the process faults.
 //! - [`client`]: etcd client calls with bounded time, and the mapping of errors to `fail`
 //!   (definitely not applied) or `info` (unknown outcome).
-//! - [`workload`]: operation generators (the `register` workload).
+//! - [`workload`]: operation generators (register, set, lock family, lease, watch).
 //! - [`runner`]: one test run end to end, and the result folder.
+//! - [`report`]: the self-contained `report.html` of a result folder.
 
 pub mod checker;
 pub mod client;
 pub mod cluster;
 pub mod history;
 pub mod nemesis;
+pub mod netns;
+pub mod report;
 pub mod runner;
 pub mod workload;

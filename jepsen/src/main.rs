@@ -5,12 +5,14 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use picket_jepsen::checker::Budget;
 use picket_jepsen::cluster::Target;
+use picket_jepsen::netns::{self, Network};
 use picket_jepsen::runner::{self, TestOptions};
 use rand::Rng;
 
@@ -44,14 +46,29 @@ impl CheckArgs {
     }
 }
 
+/// Where the nodes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    /// `netns` when running as root with `ip netns` and iptables, else `loopback`.
+    Auto,
+    /// Each node in its own network namespace; network faults available. Fails without root.
+    Netns,
+    /// Every node on 127.0.0.1; process faults only.
+    Loopback,
+}
+
+// Parsed once per process: the size difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Runs a test and writes a result folder.
     Test {
-        /// Workload: `register`.
+        /// Workload: `register`, `set`, `lock`, `lock-set`, `lock-fenced-set`, `lock-kv-set`,
+        /// `lease` or `watch`.
         #[arg(long, default_value = "register")]
         workload: String,
-        /// Faults, comma-separated: `kill`, `pause`, or `none`.
+        /// Faults, comma-separated: `kill`, `pause`, `partition` (network-namespace mode only),
+        /// or `none`.
         #[arg(long, value_delimiter = ',', default_value = "kill,pause")]
         nemesis: Vec<String>,
         /// Seconds of workload (recovery, final reads and checking come on top).
@@ -81,6 +98,10 @@ enum Cmd {
         /// Operations per key before a group of workers moves to a fresh key.
         #[arg(long, default_value_t = 200)]
         ops_per_key: u64,
+        /// TTL in seconds of the leases the lock and lease workloads grant. Short, so that the
+        /// pause nemesis (2.5-6 s) and client stalls outlast it.
+        #[arg(long, default_value_t = 2)]
+        lease_ttl: i64,
         /// The picketd binary (default: next to this executable).
         #[arg(long)]
         picketd: Option<PathBuf>,
@@ -97,6 +118,9 @@ enum Cmd {
         /// `--log-level` passed to every node.
         #[arg(long)]
         node_log_level: Option<String>,
+        /// Where the nodes run.
+        #[arg(long, value_enum, default_value_t = Mode::Auto)]
+        mode: Mode,
         #[command(flatten)]
         check: CheckArgs,
     },
@@ -125,7 +149,34 @@ fn default_picketd() -> anyhow::Result<PathBuf> {
     )
 }
 
-async fn run(cli: Cli) -> anyhow::Result<u8> {
+/// Chooses the mode and, for network-namespace mode, builds the namespaces and moves this
+/// (still single-threaded) process's main thread into the control namespace, so the tokio
+/// runtime built afterwards runs every client there. Returns the network and a note saying why
+/// this mode was chosen.
+fn prepare_network(mode: Mode, nodes: usize) -> anyhow::Result<(Option<Arc<Network>>, String)> {
+    let reason = match mode {
+        Mode::Loopback => {
+            return Ok((None, "loopback mode (--mode loopback): process faults only".into()))
+        }
+        Mode::Auto | Mode::Netns => netns::unavailable_reason(),
+    };
+    if let Some(reason) = reason {
+        if mode == Mode::Netns {
+            bail!("--mode netns: {reason}");
+        }
+        return Ok((None, format!("loopback mode, process faults only: {reason}")));
+    }
+    let net = Network::create(nodes).context("building the network namespaces")?;
+    net.enter_control().context("entering the control namespace")?;
+    let note = format!(
+        "netns mode: each node in its own network namespace ({}..), clients in {}",
+        net.node_namespace(0),
+        net.control_namespace()
+    );
+    Ok((Some(Arc::new(net)), note))
+}
+
+async fn run(cli: Cli, network: Option<Arc<Network>>, mode_note: String) -> anyhow::Result<u8> {
     match cli.cmd {
         Cmd::Test {
             workload,
@@ -139,11 +190,13 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             concurrency,
             op_timeout_ms,
             ops_per_key,
+            lease_ttl,
             picketd,
             etcd,
             unsafe_serializable_reads,
             keep_data,
             node_log_level,
+            mode: _,
             check,
         } => {
             let bin = match target {
@@ -167,11 +220,15 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 concurrency: concurrency.unwrap_or(3 * nodes),
                 op_timeout: Duration::from_millis(op_timeout_ms),
                 ops_per_key,
+                lease_ttl,
                 unsafe_serializable_reads,
                 keep_data,
                 node_log_level,
                 budget: check.budget(),
+                network,
+                mode_note: mode_note.clone(),
             };
+            println!("mode: {mode_note}");
             println!("seed: {seed}");
             println!("re-run: {}", opts.command());
             let results = runner::run_test(opts).await?;
@@ -186,8 +243,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -197,17 +253,45 @@ async fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 
+    // Namespaces are set up before the runtime exists: setns(2) moves only the calling thread,
+    // and only threads created after it inherit the namespace.
+    let (network, mode_note) = match &cli.cmd {
+        Cmd::Test { mode, nodes, .. } => match prepare_network(*mode, *nodes) {
+            Ok(n) => n,
+            Err(e) => {
+                eprintln!("picket-jepsen: harness failure: {e:#}");
+                return ExitCode::from(HARNESS_FAILED);
+            }
+        },
+        Cmd::Check { .. } => (None, String::new()),
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("picket-jepsen: cannot start the tokio runtime: {e}");
+            return ExitCode::from(HARNESS_FAILED);
+        }
+    };
+    let code = runtime.block_on(run_until_signal(cli, network.clone(), mode_note));
+    // The runtime goes first (the cluster, and with it every node, is gone by now), then the
+    // last reference to the network, whose `Drop` deletes the namespaces.
+    drop(runtime);
+    drop(network);
+    ExitCode::from(code)
+}
+
+async fn run_until_signal(cli: Cli, network: Option<Arc<Network>>, mode_note: String) -> u8 {
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("picket-jepsen: cannot listen for SIGTERM: {e}");
-            return ExitCode::from(HARNESS_FAILED);
+            return HARNESS_FAILED;
         }
     };
     // Dropping the run future on a signal drops the cluster (which SIGKILLs every node it
     // started) and the worker set (which aborts the workers).
-    let code = tokio::select! {
-        r = run(cli) => match r {
+    tokio::select! {
+        r = run(cli, network, mode_note) => match r {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("picket-jepsen: harness failure: {e:#}");
@@ -222,6 +306,5 @@ async fn main() -> ExitCode {
             eprintln!("picket-jepsen: terminated (SIGTERM); nodes killed");
             HARNESS_FAILED
         }
-    };
-    ExitCode::from(code)
+    }
 }

@@ -32,8 +32,8 @@ use crate::history::{
     pair, read_history, EventDraft, EventType, HistoryError, HistoryWriter, Outcome, Process,
 };
 use crate::nemesis::{self, between, FaultContext, FaultError, Faults, Nemesis, NodeState};
-use crate::workload::register::{self, Register, RegisterOptions};
-use crate::workload::{OpCounts, WorkerEnv, WorkloadError};
+use crate::netns::Network;
+use crate::workload::{self, OpCounts, WorkerEnv, Workload, WorkloadError, WorkloadOptions};
 
 /// How long a fresh cluster may take to serve a linearizable get. Starting a node takes well
 /// under a second and an election a few election timeouts; 60 s is ample on a loaded 2-core
@@ -110,10 +110,17 @@ pub struct TestOptions {
     pub concurrency: usize,
     pub op_timeout: Duration,
     pub ops_per_key: u64,
+    /// TTL of the leases the lock and lease workloads grant, in seconds.
+    pub lease_ttl: i64,
     pub unsafe_serializable_reads: bool,
     pub keep_data: bool,
     pub node_log_level: Option<String>,
     pub budget: Budget,
+    /// The namespaces of network-namespace mode, already entered by the calling thread (see
+    /// [`Network::enter_control`]); `None` runs in loopback mode.
+    pub network: Option<Arc<Network>>,
+    /// Why this mode was chosen, for `test.json` and the output.
+    pub mode_note: String,
 }
 
 impl TestOptions {
@@ -122,7 +129,8 @@ impl TestOptions {
     pub fn command(&self) -> String {
         let mut c = format!(
             "picket-jepsen test --workload {} --nemesis {} --time-limit {} --nodes {} --target {} \
-             --out {} --seed {} --rate {} --concurrency {} --op-timeout-ms {} --ops-per-key {}",
+             --out {} --seed {} --rate {} --concurrency {} --op-timeout-ms {} --ops-per-key {} \
+             --lease-ttl {} --mode {}",
             self.workload,
             if self.nemeses.is_empty() { "none".to_string() } else { self.nemeses.join(",") },
             self.time_limit.as_secs(),
@@ -134,6 +142,8 @@ impl TestOptions {
             self.concurrency,
             self.op_timeout.as_millis(),
             self.ops_per_key,
+            self.lease_ttl,
+            self.mode(),
         );
         if self.unsafe_serializable_reads {
             c.push_str(" --unsafe-serializable-reads");
@@ -141,10 +151,33 @@ impl TestOptions {
         c
     }
 
+    /// `netns` or `loopback`.
+    pub fn mode(&self) -> &'static str {
+        if self.network.is_some() {
+            "netns"
+        } else {
+            "loopback"
+        }
+    }
+
     fn validate(&self) -> Result<(), RunError> {
         let bad = |m: &str| Err(RunError::Options(m.to_string()));
-        if self.workload != "register" {
-            return bad("only the register workload exists so far");
+        if self.network.is_none() && self.nemeses.iter().any(|n| n == "partition") {
+            return Err(RunError::Options(format!(
+                "the partition nemesis needs network-namespace mode, but this run is in loopback \
+                 mode ({})",
+                self.mode_note
+            )));
+        }
+        if !workload::NAMES.contains(&self.workload.as_str()) {
+            return Err(RunError::Options(format!(
+                "unknown workload {:?} (known: {})",
+                self.workload,
+                workload::NAMES.join(", ")
+            )));
+        }
+        if self.lease_ttl < 1 {
+            return bad("--lease-ttl must be at least 1 second");
         }
         if self.nodes == 0 {
             return bad("--nodes must be at least 1");
@@ -183,12 +216,14 @@ pub struct TestManifest {
     pub concurrency: usize,
     pub ops_per_key: u64,
     pub op_timeout_ms: u64,
+    #[serde(default)]
+    pub lease_ttl_s: i64,
     pub unsafe_serializable_reads: bool,
     pub target: Target,
     pub binary: String,
     pub git_sha: String,
     pub git_dirty: bool,
-    /// `loopback` (process faults only) or, later, `netns`.
+    /// `loopback` (process faults only) or `netns` (also network faults).
     pub mode: String,
     pub mode_note: String,
     /// Server timing: picketd's and etcd's defaults (the harness passes no timing flags).
@@ -525,6 +560,13 @@ pub fn check_dir(dir: &Path, budget: &Budget) -> Result<Results, RunError> {
     }
     let results = Results { valid: report.valid, checkers: report.checkers, summary };
     write_json(&dir.join("results.json"), &results)?;
+    let title = match &manifest {
+        Some(m) => format!("{} / {} / {}", m.workload, m.nemesis.join(","), m.target.as_str()),
+        None => workload.clone(),
+    };
+    let html = crate::report::render(&title, &events, &pair(&events)?, &results);
+    let path = dir.join("report.html");
+    std::fs::write(&path, html).map_err(io_err(format!("writing {}", path.display())))?;
     Ok(results)
 }
 
@@ -542,6 +584,7 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
         out: opts.out.clone(),
         log_level: opts.node_log_level.clone(),
         extra_args: Vec::new(),
+        network: opts.network.clone(),
     })?;
     let sha = git(&["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".to_string());
     let dirty = git(&["status", "--porcelain"]).is_some_and(|s| !s.is_empty());
@@ -555,21 +598,21 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
         concurrency: opts.concurrency,
         ops_per_key: opts.ops_per_key,
         op_timeout_ms: opts.op_timeout.as_millis() as u64,
+        lease_ttl_s: opts.lease_ttl,
         unsafe_serializable_reads: opts.unsafe_serializable_reads,
         target: opts.target,
         binary: opts.bin.display().to_string(),
         git_sha: sha,
         git_dirty: dirty,
         mode: cluster.mode().to_string(),
-        mode_note: "loopback mode: every node on 127.0.0.1, process faults only (kill, pause); \
-                    network faults need the network-namespace mode, not built yet"
-            .to_string(),
-        ttls: json!({"heartbeat_ms": 100, "election_timeout_ms": 1000, "lease_ttl_s": null}),
+        mode_note: opts.mode_note.clone(),
+        ttls: json!({"heartbeat_ms": 100, "election_timeout_ms": 1000,
+                     "lease_ttl_s": opts.lease_ttl}),
         node_info: cluster.infos(),
         command: opts.command(),
     };
     write_json(&opts.out.join("test.json"), &manifest)?;
-    info!(mode = cluster.mode(), "loopback mode: process faults only");
+    info!(mode = cluster.mode(), note = %opts.mode_note, "cluster mode");
 
     info!(nodes = opts.nodes, target = opts.target.as_str(), "phase: starting the cluster");
     cluster.spawn_all()?;
@@ -578,14 +621,23 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
     let history = Arc::new(HistoryWriter::create(&opts.out.join("history.jsonl"))?);
     let deadline = Instant::now() + opts.time_limit;
     let env = WorkerEnv::new(history.clone(), deadline);
-    let workload = Register::new(RegisterOptions {
+    let wopts = WorkloadOptions {
         ops_per_key: opts.ops_per_key,
         op_timeout: opts.op_timeout,
         serializable_reads: opts.unsafe_serializable_reads,
         rate: opts.rate,
         workers: opts.concurrency,
-        group_size: opts.nodes,
-    });
+        nodes: opts.nodes,
+        lease_ttl: opts.lease_ttl,
+    };
+    let workload = match Workload::new(&opts.workload, wopts) {
+        // Client stalls (a holder sleeping past its TTL) come with the pause nemesis.
+        Some(Workload::Lock(l)) => {
+            Workload::Lock(l.with_stalls(opts.nemeses.iter().any(|n| n == "pause")))
+        }
+        Some(w) => w,
+        None => return Err(RunError::Options(format!("unknown workload {}", opts.workload))),
+    };
     info!(workers = opts.concurrency, rate = opts.rate, "phase: running the workload");
     let mut workers = JoinSet::new();
     workload.spawn_workers(&mut workers, &cluster.infos(), &env, opts.seed);
@@ -629,12 +681,10 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
     }
 
     info!("phase: final reads");
-    let keys = workload.keys_used();
-    let (final_counts, unread) =
-        register::final_reads(&keys, &cluster.infos(), &env, opts.op_timeout).await?;
-    if !unread.is_empty() {
-        notes.push(format!("{} keys could not be read after healing", unread.len()));
-    }
+    let (final_counts, final_notes) =
+        workload.final_phase(&cluster.infos(), &env, opts.op_timeout).await?;
+    let unread = !final_notes.is_empty();
+    notes.extend(final_notes);
 
     info!("phase: node agreement and log scan");
     cluster.reap_unexpected();
@@ -649,7 +699,7 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
     }
 
     let mut cluster_check = CheckResult::from_anomalies(anomalies);
-    if cluster_check.valid == Validity::Valid && (!unread.is_empty() || !notes.is_empty()) {
+    if cluster_check.valid == Validity::Valid && (unread || !notes.is_empty()) {
         cluster_check = cluster_check.at_most_unknown("some nodes or keys could not be checked");
     }
     cluster_check.notes.extend(notes);
@@ -657,8 +707,7 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
         .stat("node_states", agreed.view)
         .stat("faults_injected", faults)
         .stat("worker_ops", serde_json::to_value(counts).unwrap_or(Value::Null))
-        .stat("final_reads", serde_json::to_value(final_counts).unwrap_or(Value::Null))
-        .stat("keys", keys.len());
+        .stat("final_reads", serde_json::to_value(final_counts).unwrap_or(Value::Null));
     write_json(&opts.out.join("cluster.json"), &cluster_check)?;
     drop(cluster);
 

@@ -2,54 +2,17 @@
 //! processes: the register workload under kill and pause faults must be valid, and the same
 //! workload with deliberately unsafe (serializable, node-local) reads must be caught.
 //!
-//! They need `picketd` built next to the harness (`cargo build --workspace --bins`, as
-//! `scripts/test.sh` does) or named by `$PICKETD_BIN`. Each takes about 30 s.
+//! They pin `--mode loopback`, so they test loopback mode also when run as root (where the default
+//! would be network-namespace mode, tested in `netns.rs`). They need `picketd` built next to the
+//! harness (`cargo build --workspace`, as `scripts/test.sh` does) or named by `$PICKETD_BIN`.
+//! Each takes about 30 s.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::process::Command;
-use std::time::{Duration, Instant};
 
+use common::{harness, has_anomaly, verdict};
 use serde_json::Value;
-
-/// Overrides the `picketd` the harness starts (same variable as the e2e tests).
-const PICKETD_BIN_ENV: &str = "PICKETD_BIN";
-
-/// Upper bound on one harness run: 20 s of workload, up to 60 s for start-up and 60 s for
-/// recovery, 30 s of agreement polling and the check. The harness bounds each of those phases
-/// itself; this only stops a wedged harness from hanging CI.
-const RUN_TIMEOUT: Duration = Duration::from_secs(240);
-
-/// Runs `picket-jepsen` with `args`, returning its exit code and the parsed `results.json`.
-fn harness(args: &[&str], out: &Path) -> (i32, Value) {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_picket-jepsen"));
-    cmd.args(args).arg("--out").arg(out);
-    if let Some(p) = std::env::var_os(PICKETD_BIN_ENV) {
-        cmd.arg("--picketd").arg(PathBuf::from(p));
-    }
-    let mut child = cmd.spawn().expect("spawning picket-jepsen");
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("polling picket-jepsen") {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            // SIGKILLing the harness leaves its nodes running (no parent-death signal without
-            // `unsafe`), but a harness that hangs this long is already a failure to report.
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("picket-jepsen did not finish within {RUN_TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    let code = status.code().expect("picket-jepsen killed by a signal");
-    let text = std::fs::read_to_string(out.join("results.json"))
-        .unwrap_or_else(|e| panic!("no results.json (exit {code}): {e}"));
-    (code, serde_json::from_str(&text).expect("results.json is JSON"))
-}
-
-fn verdict<'a>(r: &'a Value, checker: &str) -> &'a str {
-    r["checkers"][checker]["valid"].as_str().unwrap_or("<missing>")
-}
 
 #[test]
 fn register_under_kill_and_pause_is_valid() {
@@ -71,8 +34,11 @@ fn register_under_kill_and_pause_is_valid() {
         "42",
         "--rate",
         "100",
+        "--mode",
+        "loopback",
     ];
-    let (code, r) = harness(&args, &out);
+    let run = harness(&args, &out);
+    let (code, r) = (run.code, run.results);
     assert_eq!(code, 0, "expected a valid run; results: {r:#}");
     for c in ["linearizable", "revision", "cluster"] {
         assert_eq!(verdict(&r, c), "valid", "{c}: {r:#}");
@@ -82,6 +48,7 @@ fn register_under_kill_and_pause_is_valid() {
     let faults: u64 =
         r["summary"]["faults"].as_object().unwrap().values().filter_map(Value::as_u64).sum();
     assert!(faults >= 1, "no fault was injected: {r:#}");
+    assert_eq!(r["summary"]["mode"], "loopback", "{r:#}");
 
     // The saved folder re-checks to the same verdict without re-running anything.
     let status = Command::new(env!("CARGO_BIN_EXE_picket-jepsen"))
@@ -115,14 +82,65 @@ fn unsafe_serializable_reads_are_caught() {
         "--seed",
         "7",
         "--unsafe-serializable-reads",
+        "--mode",
+        "loopback",
     ];
-    let (code, r) = harness(&args, &out);
+    let run = harness(&args, &out);
+    let (code, r) = (run.code, run.results);
     assert_eq!(code, 1, "expected the stale reads to be found; results: {r:#}");
     assert_eq!(verdict(&r, "cluster"), "valid", "{r:#}");
-    let stale = ["linearizable", "revision"].iter().any(|c| {
-        r["checkers"][c]["anomalies"]
-            .as_array()
-            .is_some_and(|a| a.iter().any(|x| x["kind"] == "stale-read"))
-    });
+    let stale = has_anomaly(&r, &["linearizable", "revision"], "stale-read");
     assert!(stale, "expected a stale-read anomaly: {r:#}");
+}
+
+/// Runs a lock-set-family workload under `pause` in loopback mode.
+fn lock_run(workload: &str, seed: &str, out: &std::path::Path) -> common::Run {
+    let args = [
+        "test",
+        "--workload",
+        workload,
+        "--nemesis",
+        "pause",
+        "--time-limit",
+        "20",
+        "--nodes",
+        "3",
+        "--target",
+        "picket",
+        "--seed",
+        seed,
+        "--mode",
+        "loopback",
+    ];
+    harness(&args, out)
+}
+
+#[test]
+fn lock_set_under_pause_is_unsafe() {
+    // The control: holders stalled past their 2 s lease (SIGSTOPped nodes, and client stalls of
+    // TTL + 1-2 s in 15 % of critical sections) write back stale sets after the next holder was
+    // granted the lock, so acknowledged elements vanish.
+    let dir = tempfile::tempdir().unwrap();
+    let run = lock_run("lock-set", "11", &dir.path().join("run"));
+    let r = &run.results;
+    assert_eq!(run.code, 1, "expected lost updates; results: {r:#}");
+    assert!(has_anomaly(r, &["set"], "lost"), "{r:#}");
+    assert_eq!(verdict(r, "cluster"), "valid", "{r:#}");
+}
+
+#[test]
+fn lock_kv_set_under_pause_is_valid() {
+    // The same stalls, but every write is a Txn guarded on the lock key's create revision: a
+    // stale holder's write is refused, so nothing is lost.
+    let dir = tempfile::tempdir().unwrap();
+    let run = lock_run("lock-kv-set", "11", &dir.path().join("run"));
+    let r = &run.results;
+    assert_eq!(run.code, 0, "expected a valid run; results: {r:#}");
+    for c in ["set", "lock", "cluster"] {
+        assert_eq!(verdict(r, c), "valid", "{c}: {r:#}");
+    }
+    let adds = r["checkers"]["set"]["stats"]["ok_adds"].as_u64().unwrap();
+    assert!(adds >= 10, "too few acknowledged adds to mean anything: {adds}");
+    // Report written alongside.
+    assert!(dir.path().join("run/report.html").is_file());
 }

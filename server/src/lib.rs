@@ -6,6 +6,7 @@
 //! - [`storage`]: RocksDB engine, the Raft log store, the state machine (decode and dispatch
 //!   only) and snapshots.
 //! - [`watch`]: event selection for watchers, fed from apply.
+//! - [`restore`]: offline restore of a snapshot file into a data dir for a new cluster.
 //! - [`mvcc`], [`lease`]: the replicated data model. They never import openraft and never read
 //!   clocks, so apply is deterministic.
 
@@ -16,5 +17,6 @@ pub mod lease;
 pub mod mvcc;
 pub mod node;
 pub mod raft;
+pub mod restore;
 pub mod storage;
 pub mod watch;

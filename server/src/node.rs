@@ -128,7 +128,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     let shared = sm.shared().clone();
 
     let raft_config = bootstrap::raft_config(&cfg)?;
-    let raft = Raft::new(node_id, raft_config, Network, log_store, sm)
+    let raft = Raft::new(node_id, raft_config, Network::default(), log_store, sm)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
     let proposer = Proposer::new(raft.clone(), node_id, cfg.request_timeout());

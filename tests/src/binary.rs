@@ -11,7 +11,8 @@ pub const PICKETD_BIN_ENV: &str = "PICKETD_BIN";
 /// Returns the `picketd` binary: `$PICKETD_BIN` if set, else `<target dir>/debug/picketd`.
 ///
 /// Test executables live in `<target dir>/<profile>/deps/`, so the binary built by
-/// `cargo build --bins` is two directories up from `std::env::current_exe()`.
+/// `cargo build --bins` is two directories up from `std::env::current_exe()`. Binaries of this
+/// crate (`src/bin/`) live in `<target dir>/<profile>/` itself, next to `picketd`.
 pub fn picketd_bin() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os(PICKETD_BIN_ENV) {
         let p = PathBuf::from(p);
@@ -25,7 +26,10 @@ pub fn picketd_bin() -> Result<PathBuf> {
         .parent()
         .and_then(|deps| deps.parent())
         .with_context(|| format!("unexpected test executable location {}", exe.display()))?;
-    let bin = profile_dir.join("picketd");
+    let mut bin = profile_dir.join("picketd");
+    if let Some(sibling) = exe.parent().map(|d| d.join("picketd")).filter(|p| p.is_file()) {
+        bin = sibling;
+    }
     if !bin.is_file() {
         bail!(
             "picketd binary not found at {}: run `cargo build --bins` (or `cargo build -p \

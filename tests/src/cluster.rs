@@ -66,6 +66,9 @@ pub struct ClusterOptions {
     pub log_level: Option<String>,
     /// Any further flags, appended verbatim.
     pub extra_args: Vec<String>,
+    /// The server binary; `None` means [`picketd_bin`] (`$PICKETD_BIN` or `picketd`). Tests
+    /// that compare with etcd set it to `/usr/bin/etcd`.
+    pub binary: Option<PathBuf>,
 }
 
 impl ClusterOptions {
@@ -223,11 +226,28 @@ impl Cluster {
     /// Starts an `n`-member cluster and waits (at most [`READY_TIMEOUT`]) until every member
     /// answers a linearizable `get`.
     pub async fn start(n: usize, opts: ClusterOptions) -> Result<Cluster> {
+        let mut cluster = Cluster::create(n, opts)?;
+        for i in 0..n {
+            cluster.spawn(i)?;
+        }
+        cluster.wait_all_ready(READY_TIMEOUT).await?;
+        info!(endpoints = ?cluster.endpoints(), "cluster ready");
+        Ok(cluster)
+    }
+
+    /// Lays out an `n`-member cluster (ports, data directories, flags) without starting any
+    /// member, so a test can prepare the data directories first, e.g. restore a snapshot into
+    /// [`Cluster::data_dir`]. [`Cluster::restart_all`] then starts every member and waits until
+    /// all serve.
+    pub fn create(n: usize, opts: ClusterOptions) -> Result<Cluster> {
         crate::init_tracing();
         if n == 0 {
             bail!("a cluster needs at least one member");
         }
-        let bin = picketd_bin()?;
+        let bin = match &opts.binary {
+            Some(b) => b.clone(),
+            None => picketd_bin()?,
+        };
         let root = tempfile::Builder::new()
             .prefix("picket-e2e-")
             .tempdir()
@@ -256,15 +276,8 @@ impl Cluster {
             .map(|m| format!("{}={}", m.name, m.peer_url))
             .collect::<Vec<_>>()
             .join(",");
-        info!(n, bin = %bin.display(), root = %root.path().display(), "starting cluster");
-        let mut cluster =
-            Cluster { bin, opts, initial_cluster, members, root: Some(root), finished: false };
-        for i in 0..n {
-            cluster.spawn(i)?;
-        }
-        cluster.wait_all_ready(READY_TIMEOUT).await?;
-        info!(endpoints = ?cluster.endpoints(), "cluster ready");
-        Ok(cluster)
+        info!(n, bin = %bin.display(), root = %root.path().display(), "laying out cluster");
+        Ok(Cluster { bin, opts, initial_cluster, members, root: Some(root), finished: false })
     }
 
     pub fn len(&self) -> usize {
@@ -288,6 +301,16 @@ impl Cluster {
     /// The member's name (`n1`, `n2`, ...).
     pub fn name(&self, i: usize) -> &str {
         &self.members[i].name
+    }
+
+    /// Member `i`'s `--data-dir` (it does not exist until the member first starts).
+    pub fn data_dir(&self, i: usize) -> &Path {
+        &self.members[i].data_dir
+    }
+
+    /// The `--initial-cluster` the initial members start with (`n1=<peer url>,...`).
+    pub fn initial_cluster(&self) -> &str {
+        &self.initial_cluster
     }
 
     /// The temporary data root holding every member's data directory and logs.

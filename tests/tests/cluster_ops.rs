@@ -403,13 +403,18 @@ async fn hasleader_requests_fail_fast_without_a_leader() -> Result<()> {
     .await?;
     let started = Instant::now();
     let res = strict.clone().get("k", None).await;
-    assert!(started.elapsed() < Duration::from_secs(2), "fail fast, took {:?}", started.elapsed());
+    let fast = started.elapsed();
     assert_status(res, Code::Unavailable, "etcdserver: no leader");
-    // Without the metadata the request waits for a leader and then times out.
+    // Without the metadata the request waits for a leader and then times out. No fixed time
+    // bound (the machine is shared); the fail-fast answer must simply come before the server
+    // gives up waiting, which takes its whole request timeout.
+    let started = Instant::now();
     let res = plain.put("k", "v", None).await;
+    let slow = started.elapsed();
     let err = res.err().context("a write without quorum must fail")?;
     let status = grpc_status(&err).context("expected a gRPC status")?;
     assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(fast < slow, "hasleader answered after {fast:?}, the plain request after {slow:?}");
     cluster.finish();
     Ok(())
 }

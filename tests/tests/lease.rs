@@ -1,7 +1,7 @@
 //! Leases through the `etcd-client` crate against real `picketd` processes: grant (server- and
 //! client-chosen ids, the 2 s TTL floor), revoke and expiry deleting every attached key at one
 //! revision, keep-alive streams (many leases on one stream, through followers), etcd's answers
-//! for unknown leases, and leases across a leader kill.
+//! for unknown leases, leases across a leader kill, and the lease of a client that goes silent.
 //!
 //! Timing assertions are semantic bounds, never latency targets:
 //! - a lease never expires before its TTL has passed since it was granted or last kept alive
@@ -790,6 +790,59 @@ async fn leader_kill_keeps_kept_lease_and_expires_abandoned_one() -> Result<()> 
         }
     }
     assert_eq!(leader_rounds, 1, "no round killed the leader (the Raft term never rose)");
+    cluster.finish();
+    Ok(())
+}
+
+/// TTL of the lease whose client goes silent in
+/// `lease_of_a_silent_client_expires_within_its_bound`.
+const SILENT_TTL: Duration = Duration::from_secs(4);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_of_a_silent_client_expires_within_its_bound() -> Result<()> {
+    // A client keeps a lease alive through a follower, then goes silent as if partitioned from
+    // the cluster: its keep-alive stream stays open but carries nothing more. The lease must
+    // outlive the last keep-alive sent by its full TTL, and be gone within TTL + EXPIRY_SLACK of
+    // the last answer (the bound in `lease::keeper`'s docs without a leader change). A lease
+    // kept alive meanwhile by another client through the other follower must stay.
+    let cluster = Cluster::start(3, ClusterOptions::default()).await?;
+    let leader = cluster.leader().await?;
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let mut c = cluster.client(leader).await?;
+    let ttl = SILENT_TTL.as_secs() as i64;
+    let silent = c.lease_grant(ttl, None).await?.id();
+    c.put("silent/key", "v", with_lease(silent)).await?;
+    let kept = c.lease_grant(2, None).await?.id();
+    c.put("kept/key", "v", with_lease(kept)).await?;
+    let keeper = KeepAlive::start(cluster.client(followers[1]).await?, kept);
+
+    info!(member = cluster.name(followers[0]), "keep the lease alive through a follower");
+    let mut raw = RawKeepAlive::open(&cluster.endpoint(followers[0])).await?;
+    let mut last_sent = Instant::now();
+    let mut last_answer = Instant::now();
+    for _ in 0..4 {
+        last_sent = Instant::now();
+        let answers = raw.round(&[silent]).await?;
+        last_answer = Instant::now();
+        assert_eq!(answers[0].ttl, ttl, "keep-alive answer carries the full TTL");
+        tokio::time::sleep(KEEPALIVE_EVERY).await;
+    }
+
+    info!("the client goes silent; its stream stays open");
+    let deadline = last_answer + SILENT_TTL + EXPIRY_SLACK;
+    let gone_at = wait_gone(&mut c, "silent/key", deadline, "silent client's lease").await?;
+    assert!(
+        gone_at >= last_sent + SILENT_TTL,
+        "silent client's lease was gone {:?} after its last keep-alive was sent, before its TTL",
+        gone_at - last_sent
+    );
+    assert_eq!(ttl_of(&mut c, silent).await?, -1, "expired lease is unknown");
+    drop(raw);
+
+    info!("the lease kept alive by the other client is untouched");
+    assert_eq!(keys(&c.get("kept/key", None).await?), vec!["kept/key".to_string()]);
+    let stats = keeper.stop().await?;
+    assert_kept(&stats, 2, "kept lease");
     cluster.finish();
     Ok(())
 }

@@ -20,11 +20,27 @@
 //! A plain `Unlock` (no `held` field) is taken as proof of holding until the release; a
 //! workload that pauses clients past the lease TTL must record `held` to avoid blaming the lock
 //! service for an expired lease.
+//!
+//! 4. **FIFO**: grants ordered by token are ordered by grant revision (`grant_rev`, the revision
+//!    of the response header, at which the lock service proved the grantee's key oldest): a
+//!    younger key granted at an earlier revision than an older one means one of them was granted
+//!    out of turn.
+//!
+//! With the key-event log of the lock prefix ([`super::keylog`], recorded after healing), also:
+//!
+//! 5. **oldest live key at the grant**: at `grant_rev` the grantee's key (created at the token)
+//!    is live (`grant-on-dead-key` otherwise: the lock went to an expired lease) and no older
+//!    key under `name/` is live (`not-oldest`, or `fifo-violation` when that older key was a
+//!    waiter granted later).
+//!
+//! A grant whose token could not be read (its key vanished first) takes its token from the log
+//! when the log has it; otherwise only the checks that need no token apply to it.
 
 use std::collections::HashMap;
 
 use serde_json::Value;
 
+use super::keylog::KeyLog;
 use super::{Anomaly, CheckError, CheckResult};
 use crate::history::{Op, Outcome};
 
@@ -33,7 +49,9 @@ struct Acquire<'a> {
     op: &'a Op,
     name: String,
     key: String,
-    token: i64,
+    token: Option<i64>,
+    /// Revision at which the lock service proved the grant (the response header's).
+    grant_rev: Option<i64>,
     /// History index of the completion (the grant is known by then).
     granted: u64,
     /// End of the definite holding interval: the invocation of its release.
@@ -74,10 +92,16 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
                     .get("key")
                     .and_then(Value::as_str)
                     .ok_or_else(|| malformed(op, "ok lock_acquire without a string key"))?;
-                let token = v
-                    .get("token")
+                let grant_rev = v
+                    .get("grant_rev")
                     .and_then(Value::as_i64)
-                    .ok_or_else(|| malformed(op, "ok lock_acquire without an integer token"))?;
+                    .or_else(|| op.complete.as_ref()?.header.map(|h| h.revision));
+                let token = match v.get("token") {
+                    Some(Value::Null) | None => None,
+                    Some(t) => Some(t.as_i64().ok_or_else(|| {
+                        malformed(op, "ok lock_acquire with a token that is not an integer")
+                    })?),
+                };
                 let granted =
                     op.complete_index().ok_or_else(|| malformed(op, "ok without completion"))?;
                 open.insert((name.clone(), key.to_string()), acquires.len());
@@ -86,6 +110,7 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
                     name,
                     key: key.to_string(),
                     token,
+                    grant_rev,
                     granted,
                     held_until: None,
                 });
@@ -108,6 +133,17 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
         }
     }
 
+    let log = KeyLog::find(ops)?;
+    let mut derived = 0usize;
+    if let Some(log) = &log {
+        for a in acquires.iter_mut().filter(|a| a.token.is_none()) {
+            if let Some(l) = a.grant_rev.and_then(|r| log.live_at(&a.key, r)) {
+                a.token = Some(l.created);
+                derived += 1;
+            }
+        }
+    }
+
     let mut anomalies = Vec::new();
     let mut by_name: HashMap<&str, Vec<&Acquire<'_>>> = HashMap::new();
     for a in &acquires {
@@ -120,15 +156,15 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
         // 1. Unique tokens.
         let mut by_token: HashMap<i64, &Acquire<'_>> = HashMap::new();
         for a in list {
-            if let Some(b) = by_token.insert(a.token, a) {
+            let Some(token) = a.token else { continue };
+            if let Some(b) = by_token.insert(token, a) {
                 let mut events = b.op.indexes();
                 events.extend(a.op.indexes());
                 anomalies.push(Anomaly::new(
                     "duplicate-token",
                     Some(name),
                     format!(
-                        "lock {name}: two grants share token {}: {} and {}",
-                        a.token,
+                        "lock {name}: two grants share token {token}: {} and {}",
                         b.op.describe(),
                         a.op.describe()
                     ),
@@ -139,7 +175,7 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
         // 2. Tokens increase in real-time order: compare each grant with the highest token of
         // the grants completed before it was invoked.
         let mut points: Vec<(u64, bool, usize)> = Vec::new();
-        for (i, a) in list.iter().enumerate() {
+        for (i, a) in list.iter().enumerate().filter(|(_, a)| a.token.is_some()) {
             points.push((a.op.invoke.index, true, i));
             points.push((a.granted, false, i));
         }
@@ -155,8 +191,8 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
                             "token-not-increasing",
                             Some(name),
                             format!(
-                                "lock {name}: {} was granted token {} after {} had been granted \
-                                 the larger-or-equal token {}",
+                                "lock {name}: {} was granted token {:?} after {} had been granted \
+                                 the larger-or-equal token {:?}",
                                 list[i].op.describe(),
                                 list[i].token,
                                 list[b].op.describe(),
@@ -185,7 +221,7 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
                         "overlapping-holders",
                         Some(name),
                         format!(
-                            "lock {name}: {} (token {}) was granted while {} (token {}) held \
+                            "lock {name}: {} (token {:?}) was granted while {} (token {:?}) held \
                              the lock from event #{} until its release began at #{until}",
                             b.op.describe(),
                             b.token,
@@ -198,17 +234,123 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
                 }
             }
         }
+        // 4. FIFO: token order and grant-revision order agree.
+        let mut ordered: Vec<(i64, i64, &Acquire<'_>)> =
+            list.iter().filter_map(|a| Some((a.token?, a.grant_rev?, *a))).collect();
+        ordered.sort_by_key(|(t, _, _)| *t);
+        let mut max_rev: Option<(i64, &Acquire<'_>)> = None;
+        for &(token, rev, a) in &ordered {
+            if let Some((mrev, b)) = max_rev {
+                if rev < mrev {
+                    let mut events = b.op.indexes();
+                    events.extend(a.op.indexes());
+                    anomalies.push(Anomaly::new(
+                        "fifo-violation",
+                        Some(name),
+                        format!(
+                            "lock {name}: {} (token {token}) was granted at revision {rev}, \
+                             before {} with the older key (token {:?}) was granted at {mrev}",
+                            a.op.describe(),
+                            b.op.describe(),
+                            b.token
+                        ),
+                        events,
+                    ));
+                }
+            }
+            if max_rev.is_none_or(|(m, _)| rev > m) {
+                max_rev = Some((rev, a));
+            }
+        }
+        // 5. With the key log: the grantee's key is the oldest live key at the grant revision.
+        if let Some(log) = &log {
+            check_oldest(name, list, log, &mut anomalies);
+        }
     }
     let mut r = CheckResult::from_anomalies(anomalies)
         .stat("acquires_invoked", invoked)
         .stat("acquires_ok", acquires.len())
         .stat("acquires_unknown", unknown_acquires)
         .stat("releases", releases)
-        .stat("definite_holds", acquires.iter().filter(|a| a.held_until.is_some()).count());
+        .stat("definite_holds", acquires.iter().filter(|a| a.held_until.is_some()).count())
+        .stat("tokens_from_log", derived)
+        .stat("key_log", log.is_some());
+    if log.is_none() {
+        r.notes.push("no key-event log: the oldest-live-key check did not run".to_string());
+    }
     if acquires.is_empty() {
         r = r.at_most_unknown("no acknowledged lock acquisitions to check");
     }
     Ok(r)
+}
+
+/// Check 5: at each grant's revision, its key is live and the oldest live key under `name/`.
+fn check_oldest(name: &str, list: &[&Acquire<'_>], log: &KeyLog, anomalies: &mut Vec<Anomaly>) {
+    let prefix = format!("{name}/");
+    for a in list {
+        let Some(rev) = a.grant_rev.filter(|r| log.covers(*r)) else { continue };
+        let mut events = a.op.indexes();
+        events.extend(&log.indexes);
+        let Some(token) = a.token else {
+            // No token: the key was gone when read after the grant, and (had it been live at
+            // the grant revision) the token would have been taken from the log.
+            anomalies.push(Anomaly::new(
+                "grant-on-dead-key",
+                Some(name),
+                format!(
+                    "lock {name}: {} was granted at revision {rev}, but its key {} was not live \
+                     then (lifetimes: {:?}): the lock went to an expired or deleted contender",
+                    a.op.describe(),
+                    a.key,
+                    log.lifetimes.get(&a.key)
+                ),
+                events,
+            ));
+            continue;
+        };
+        if !log.lifetime(&a.key, token).is_some_and(|l| l.live_at(rev)) {
+            anomalies.push(Anomaly::new(
+                "grant-on-dead-key",
+                Some(name),
+                format!(
+                    "lock {name}: {} was granted at revision {rev}, but its key {} (created at \
+                     {token}) was not live then (lifetimes: {:?}): the lock went to an expired \
+                     or deleted contender",
+                    a.op.describe(),
+                    a.key,
+                    log.lifetimes.get(&a.key)
+                ),
+                events.clone(),
+            ));
+        }
+        for (k, l) in log.live_under(&prefix, rev) {
+            if l.created >= token || k == a.key {
+                continue;
+            }
+            // Was the older key a waiter that this grant overtook?
+            let overtaken = list.iter().find(|b| b.key == k && b.token == Some(l.created));
+            let kind = if overtaken.is_some_and(|b| b.granted > a.granted) {
+                "fifo-violation"
+            } else {
+                "not-oldest"
+            };
+            let mut ev = events.clone();
+            if let Some(b) = overtaken {
+                ev.extend(b.op.indexes());
+            }
+            anomalies.push(Anomaly::new(
+                kind,
+                Some(name),
+                format!(
+                    "lock {name}: {} (token {token}) was granted at revision {rev} while the \
+                     older key {k} (created at {}) was live",
+                    a.op.describe(),
+                    l.created
+                ),
+                ev,
+            ));
+        }
+    }
 }
 
 #[cfg(test)]

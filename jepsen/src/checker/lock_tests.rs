@@ -119,3 +119,148 @@ fn no_grants_is_unknown() {
     h.fail(0, "unavailable");
     assert_eq!(check(&h).valid, Validity::Unknown);
 }
+
+/// A grant with its grant revision (the response header's).
+fn acquire_at(h: &mut HistoryBuilder, p: u64, key: &str, token: i64, grant_rev: i64) {
+    h.invoke(p, "lock_acquire", "L", json!({"name": "L", "lease": p}));
+    h.ok(p, json!({"key": key, "token": token, "grant_rev": grant_rev}));
+}
+
+/// The key-event log of `L/`: `(rev, key, delete)`.
+fn key_log(h: &mut HistoryBuilder, p: u64, until: i64, events: &[(i64, &str, bool)]) {
+    let items: Vec<_> = events
+        .iter()
+        .map(|(rev, key, del)| {
+            if *del {
+                json!({"rev": rev, "key": key, "type": "delete", "create_rev": 0, "lease": 0})
+            } else {
+                json!({"rev": rev, "key": key, "type": "put", "value": "", "create_rev": rev,
+                       "lease": 1})
+            }
+        })
+        .collect();
+    h.invoke(p, "watch", "L/", json!({"prefix": "L/", "start": 1, "log": true, "until": until}));
+    h.ok(p, json!({"prefix": "L/", "start": 1, "log": true, "until": until, "items": items}));
+}
+
+#[test]
+fn handover_matching_the_key_log_is_valid() {
+    let mut h = HistoryBuilder::new();
+    acquire_at(&mut h, 0, "L/a", 3, 3);
+    h.invoke(1, "lock_acquire", "L", json!({"name": "L", "lease": 2}));
+    release(&mut h, 0, "L/a", Some(true));
+    // B's key was created at 4 and proven oldest at 5, when A's key had just been deleted.
+    h.ok(1, json!({"key": "L/b", "token": 4, "grant_rev": 5}));
+    key_log(
+        &mut h,
+        9,
+        10,
+        &[(3, "L/a", false), (4, "L/b", false), (5, "L/a", true), (6, "L/b", true)],
+    );
+    let r = check(&h);
+    assert_eq!(r.valid, Validity::Valid, "{r:#?}");
+    assert_eq!(r.stats["key_log"], json!(true));
+}
+
+#[test]
+fn grant_on_an_expired_key_is_rejected() {
+    // The contender's key was deleted (its lease expired) at 4, yet it was granted at 5.
+    let mut h = HistoryBuilder::new();
+    acquire_at(&mut h, 0, "L/a", 3, 5);
+    key_log(&mut h, 9, 10, &[(3, "L/a", false), (4, "L/a", true)]);
+    assert_anomaly(&check(&h), "grant-on-dead-key");
+    // The same when the token could not even be read after the grant.
+    let mut h = HistoryBuilder::new();
+    h.invoke(0, "lock_acquire", "L", json!({"name": "L", "lease": 1}));
+    h.ok(0, json!({"key": "L/a", "token": null, "grant_rev": 5}));
+    key_log(&mut h, 9, 10, &[(3, "L/a", false), (4, "L/a", true)]);
+    assert_anomaly(&check(&h), "grant-on-dead-key");
+}
+
+#[test]
+fn grant_while_an_older_key_lives_is_rejected() {
+    // A holds (key created at 3) while B (key at 4) is granted at 5: two holders.
+    let mut h = HistoryBuilder::new();
+    acquire_at(&mut h, 0, "L/a", 3, 3);
+    acquire_at(&mut h, 1, "L/b", 4, 5);
+    key_log(&mut h, 9, 10, &[(3, "L/a", false), (4, "L/b", false), (7, "L/a", true)]);
+    assert_anomaly(&check(&h), "not-oldest");
+}
+
+#[test]
+fn overtaking_an_older_waiter_is_a_fifo_violation() {
+    // A waits with the older key (3); B (key 4) is granted at 5 and only later A, at 7.
+    let mut h = HistoryBuilder::new();
+    h.invoke(0, "lock_acquire", "L", json!({"name": "L", "lease": 1}));
+    acquire_at(&mut h, 1, "L/b", 4, 5);
+    release(&mut h, 1, "L/b", Some(true));
+    h.ok(0, json!({"key": "L/a", "token": 3, "grant_rev": 7}));
+    key_log(
+        &mut h,
+        9,
+        10,
+        &[(3, "L/a", false), (4, "L/b", false), (6, "L/b", true), (8, "L/a", true)],
+    );
+    assert_anomaly(&check(&h), "fifo-violation");
+    // Without the log, the token / grant-revision order alone shows it.
+    let mut h = HistoryBuilder::new();
+    h.invoke(0, "lock_acquire", "L", json!({"name": "L", "lease": 1}));
+    acquire_at(&mut h, 1, "L/b", 4, 5);
+    release(&mut h, 1, "L/b", Some(true));
+    h.ok(0, json!({"key": "L/a", "token": 3, "grant_rev": 7}));
+    assert_anomaly(&check(&h), "fifo-violation");
+}
+
+#[test]
+fn missing_token_is_taken_from_the_log() {
+    let mut h = HistoryBuilder::new();
+    h.invoke(0, "lock_acquire", "L", json!({"name": "L", "lease": 1}));
+    h.ok(0, json!({"key": "L/a", "token": null, "grant_rev": 3}));
+    key_log(&mut h, 9, 10, &[(3, "L/a", false), (4, "L/a", true)]);
+    let r = check(&h);
+    assert_eq!(r.valid, Validity::Valid, "{r:#?}");
+    assert_eq!(r.stats["tokens_from_log"], json!(1));
+}
+
+fn check_lock_set(h: &HistoryBuilder) -> crate::checker::Report {
+    check_history("lock-set", &h.events(), &Budget::default()).unwrap()
+}
+
+#[test]
+fn lock_set_lost_update_reveals_overlapping_holders() {
+    // A holds token 10 and reads the set; its lease expires; B is granted token 11, adds 2; A
+    // writes back its stale snapshot plus 1. The lock checker cannot blame the lock service (A's
+    // release reports the lock lost), but the set checker sees element 2 vanish.
+    let mut h = HistoryBuilder::new();
+    acquire(&mut h, 0, 1, 10);
+    h.invoke(0, "resource_add", "memory/set", json!({"element": 1, "token": 10}));
+    acquire(&mut h, 1, 2, 11);
+    h.invoke(1, "resource_add", "memory/set", json!({"element": 2, "token": 11}));
+    h.ok(1, json!({"element": 2, "token": 11}));
+    h.ok(0, json!({"element": 1, "token": 10}));
+    release(&mut h, 0, "L/1", Some(false));
+    release(&mut h, 1, "L/2", Some(true));
+    h.invoke(2, "resource_read", "memory/set", json!(null));
+    h.ok(2, json!({"elements": [1]}));
+    let r = check_lock_set(&h);
+    assert_eq!(r.valid, Validity::Invalid, "{r:#?}");
+    assert!(r.checkers["set"].anomalies.iter().any(|a| a.kind == "lost"), "{r:#?}");
+    assert_eq!(r.checkers["lock"].valid, Validity::Valid, "{r:#?}");
+}
+
+#[test]
+fn fenced_rejection_keeps_the_set_whole() {
+    let mut h = HistoryBuilder::new();
+    acquire(&mut h, 0, 1, 10);
+    h.invoke(0, "resource_add", "memory/set", json!({"element": 1, "token": 10}));
+    acquire(&mut h, 1, 2, 11);
+    h.invoke(1, "resource_add", "memory/set", json!({"element": 2, "token": 11}));
+    h.ok(1, json!({"element": 2, "token": 11}));
+    h.fail(0, "fenced"); // the stale holder's write is refused: 1 is definitely not in the set
+    release(&mut h, 0, "L/1", Some(false));
+    release(&mut h, 1, "L/2", Some(true));
+    h.invoke(2, "resource_read", "memory/set", json!(null));
+    h.ok(2, json!({"elements": [2]}));
+    let r = check_lock_set(&h);
+    assert_eq!(r.valid, Validity::Valid, "{r:#?}");
+}

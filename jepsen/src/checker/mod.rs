@@ -10,14 +10,20 @@
 //! - [`revision`]: etcd revision invariants of the register workload.
 //! - [`lock`]: fencing tokens and mutual exclusion of `lock_acquire`/`lock_release`.
 //! - [`set`]: no acknowledged element lost (`set`, `lock-set` and their fenced variants).
+//! - [`lease`]: no early expiry, expiry in one revision, no put on a dead lease, unique ids.
+//! - [`watch`]: ordered, unique, gap-free watch delivery; compaction and progress semantics.
+//! - [`keylog`]: the key-event log recorded after healing, used by the lock and lease checkers.
 //!
 //! [`check_history`] runs the checkers that apply to a workload.
 
+pub mod keylog;
+pub mod lease;
 pub mod linearizable;
 pub mod lock;
 pub mod register;
 pub mod revision;
 pub mod set;
+pub mod watch;
 pub mod wgl;
 
 use std::collections::BTreeMap;
@@ -181,7 +187,8 @@ impl Report {
 }
 
 /// The workloads the checkers know, and which checkers apply to each.
-pub const WORKLOADS: &[&str] = &["register", "lock", "set"];
+pub const WORKLOADS: &[&str] =
+    &["register", "set", "lock", "lock-set", "lock-fenced-set", "lock-kv-set", "lease", "watch"];
 
 /// Runs every checker that applies to `workload` over `events`.
 pub fn check_history(
@@ -202,6 +209,18 @@ pub fn check_history(
         }
         "set" => {
             checkers.insert("set".to_string(), set::check(&ops)?);
+        }
+        // The lock-set family: the set checker finds lost updates (overlapping holders made
+        // visible), the lock checker the lock service's own guarantees.
+        "lock-set" | "lock-fenced-set" | "lock-kv-set" => {
+            checkers.insert("lock".to_string(), lock::check(&ops)?);
+            checkers.insert("set".to_string(), set::check(&ops)?);
+        }
+        "lease" => {
+            checkers.insert("lease".to_string(), lease::check(&ops)?);
+        }
+        "watch" => {
+            checkers.insert("watch".to_string(), watch::check(&ops)?);
         }
         other => return Err(CheckError::UnknownWorkload(other.to_string())),
     }

@@ -15,6 +15,8 @@ use super::{ErrorInfo, Event, EventDraft, EventType, Header, Process};
 pub struct HistoryBuilder {
     events: Vec<Event>,
     open: HashMap<u64, (String, Option<String>)>,
+    /// Added to every later event's time (see [`HistoryBuilder::advance`]).
+    offset: u64,
 }
 
 impl HistoryBuilder {
@@ -24,8 +26,14 @@ impl HistoryBuilder {
 
     fn push(&mut self, draft: EventDraft) -> u64 {
         let i = self.events.len() as u64;
-        self.events.push(draft.stamp(i, i));
+        self.events.push(draft.stamp(i, i + self.offset));
         i
+    }
+
+    /// Moves the clock: later events happen `ns` nanoseconds later (for checkers that compare
+    /// times with durations, such as lease TTLs).
+    pub fn advance(&mut self, ns: u64) {
+        self.offset += ns;
     }
 
     /// Invokes `f` on `key` by client `process`; returns the event's index.

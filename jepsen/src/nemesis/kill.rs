@@ -7,18 +7,28 @@
 use std::time::Duration;
 
 use rand::rngs::StdRng;
-use rand::Rng;
-use serde_json::json;
 
-use super::{
-    between, names, FaultContext, FaultError, FaultEvent, Faults, Injected, Nemesis, NodeState,
-    Targets,
-};
+use super::process::{self, ProcessFault};
+use super::{FaultContext, FaultError, FaultEvent, Faults, Injected, Nemesis, NodeState, Targets};
 
 /// How long killed nodes stay down: long enough for the survivors to notice (an election
 /// timeout is 1-2 s by default) and to move on, short enough to leave time for more faults.
 const DOWN_MIN: Duration = Duration::from_secs(2);
 const DOWN_MAX: Duration = Duration::from_secs(5);
+
+const KILL: ProcessFault = ProcessFault {
+    f: "kill",
+    weights: &[
+        (35, Targets::Leader),
+        (70, Targets::One),
+        (90, Targets::Minority),
+        (100, Targets::All),
+    ],
+    // Killing a paused node works too (SIGKILL ends a stopped process).
+    applies_to: |s| s != NodeState::Down,
+    hold: (DOWN_MIN, DOWN_MAX),
+    apply: |env, i| env.kill(i),
+};
 
 #[derive(Debug, Default)]
 pub struct KillNemesis {
@@ -36,53 +46,11 @@ impl Nemesis for KillNemesis {
         ctx: &FaultContext,
         rng: &mut StdRng,
     ) -> Result<Option<Injected>, FaultError> {
-        let n = env.node_count();
-        // Killing a paused node works too (SIGKILL ends a stopped process).
-        let candidates: Vec<usize> =
-            (0..n).filter(|&i| env.node_state(i) != NodeState::Down).collect();
-        let targets = match rng.random_range(0..100) {
-            0..35 => Targets::Leader,
-            35..70 => Targets::One,
-            70..90 => Targets::Minority,
-            _ => Targets::All,
-        };
-        let (nodes, leader_known) = targets.pick(&candidates, n, ctx.leader, rng);
-        if nodes.is_empty() {
-            return Ok(None);
-        }
-        for &i in &nodes {
-            env.kill(i)?;
-            self.down.push(i);
-        }
-        let hold = between(rng, DOWN_MIN, DOWN_MAX);
-        Ok(Some(Injected {
-            event: FaultEvent {
-                f: "kill".to_string(),
-                value: json!({
-                    "targets": targets.as_str(),
-                    "leader_known": leader_known,
-                    "nodes": names(env, &nodes),
-                    "hold_ms": hold.as_millis() as u64,
-                }),
-            },
-            hold,
-        }))
+        KILL.inject(env, ctx, rng, &mut self.down)
     }
 
     fn heal(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
-        let mut restarted = Vec::new();
-        for i in std::mem::take(&mut self.down) {
-            if env.node_state(i) == NodeState::Down {
-                env.restart(i)?;
-                restarted.push(i);
-            }
-        }
-        if restarted.is_empty() {
-            return Ok(Vec::new());
-        }
-        Ok(vec![FaultEvent {
-            f: "restart".to_string(),
-            value: json!({ "nodes": names(env, &restarted) }),
-        }])
+        let down = std::mem::take(&mut self.down);
+        process::undo(env, down, NodeState::Down, |env, i| env.restart(i), "restart")
     }
 }

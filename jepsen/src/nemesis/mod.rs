@@ -2,19 +2,21 @@
 //!
 //! Two traits keep *what* to break apart from *how*:
 //! - [`Faults`] is the environment's set of primitive faults on nodes: kill and restart a
-//!   process, pause and resume it, and (not in loopback mode) cut and heal network links. The
-//!   loopback [`crate::cluster::ProcessCluster`] implements the process faults; a network
-//!   namespace environment (later) adds `partition` by overriding the default methods.
+//!   process, pause and resume it, and (in network-namespace mode only) cut and heal network
+//!   links. [`crate::cluster::ProcessCluster`] implements all of them; in loopback mode the link
+//!   faults are unsupported.
 //! - [`Nemesis`] chooses a fault (which node, how long) and undoes it. [`kill::KillNemesis`] and
-//!   [`pause::PauseNemesis`] use only process faults; a partition nemesis will use
-//!   [`Faults::partition`] and work wherever the environment supports it.
+//!   [`pause::PauseNemesis`] use only process faults (through the shared
+//!   [`process::ProcessFault`] helper); [`partition::PartitionNemesis`] uses [`Faults::cut`].
 //!
 //! The runner drives the schedule: warm-up, then one fault at a time (inject, hold, heal) every
 //! 5-10 s, then heal everything. It records every fault and heal in the history as `nemesis`
 //! events.
 
 pub mod kill;
+pub mod partition;
 pub mod pause;
+pub mod process;
 
 use std::time::Duration;
 
@@ -42,7 +44,7 @@ pub enum FaultError {
     /// The environment cannot inject this fault (e.g. a partition in loopback mode).
     #[error("{fault} is not supported in {mode} mode")]
     Unsupported { fault: &'static str, mode: &'static str },
-    #[error("unknown nemesis {0:?} (known: kill, pause)")]
+    #[error("unknown nemesis {0:?} (known: kill, pause, partition, none)")]
     UnknownNemesis(String),
     /// A primitive fault failed (a signal could not be sent, a process could not be spawned).
     #[error("{0}")]
@@ -64,9 +66,14 @@ pub trait Faults {
     fn pause(&mut self, i: usize) -> Result<(), FaultError>;
     /// SIGCONT.
     fn resume(&mut self, i: usize) -> Result<(), FaultError>;
-    /// Drops traffic between nodes in different groups (nodes in no group are isolated).
-    fn partition(&mut self, groups: &[Vec<usize>]) -> Result<(), FaultError> {
-        let _ = groups;
+    /// Whether [`Faults::cut`] works here (network-namespace mode).
+    fn supports_network_faults(&self) -> bool {
+        false
+    }
+    /// Drops every packet sent from `from` to `to`, for each `(from, to)` in `links`, on top of
+    /// the links already cut. A symmetric partition lists both directions.
+    fn cut(&mut self, links: &[(usize, usize)]) -> Result<(), FaultError> {
+        let _ = links;
         Err(FaultError::Unsupported { fault: "partition", mode: self.mode() })
     }
     /// Removes every network fault. Nothing to do where there are none.
@@ -111,13 +118,15 @@ pub trait Nemesis: Send {
     fn heal(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError>;
 }
 
-/// Builds the nemeses named on the command line (`kill`, `pause`; `none` for no faults).
+/// Builds the nemeses named on the command line (`kill`, `pause`, `partition`; `none` for no
+/// faults).
 pub fn build(names: &[String]) -> Result<Vec<Box<dyn Nemesis>>, FaultError> {
     let mut out: Vec<Box<dyn Nemesis>> = Vec::new();
     for n in names {
         match n.as_str() {
             "kill" => out.push(Box::new(kill::KillNemesis::default())),
             "pause" => out.push(Box::new(pause::PauseNemesis::default())),
+            "partition" => out.push(Box::new(partition::PartitionNemesis::default())),
             "none" => {}
             other => return Err(FaultError::UnknownNemesis(other.to_string())),
         }

@@ -8,17 +8,21 @@
 use std::time::Duration;
 
 use rand::rngs::StdRng;
-use rand::Rng;
-use serde_json::json;
 
-use super::{
-    between, names, FaultContext, FaultError, FaultEvent, Faults, Injected, Nemesis, NodeState,
-    Targets,
-};
+use super::process::{self, ProcessFault};
+use super::{FaultContext, FaultError, FaultEvent, Faults, Injected, Nemesis, NodeState, Targets};
 
 /// Pause length: from past one maximal election timeout (2 s) to several.
 const PAUSE_MIN: Duration = Duration::from_millis(2500);
 const PAUSE_MAX: Duration = Duration::from_secs(6);
+
+const PAUSE: ProcessFault = ProcessFault {
+    f: "pause",
+    weights: &[(45, Targets::Leader), (80, Targets::One), (100, Targets::Minority)],
+    applies_to: |s| s == NodeState::Running,
+    hold: (PAUSE_MIN, PAUSE_MAX),
+    apply: |env, i| env.pause(i),
+};
 
 #[derive(Debug, Default)]
 pub struct PauseNemesis {
@@ -36,51 +40,11 @@ impl Nemesis for PauseNemesis {
         ctx: &FaultContext,
         rng: &mut StdRng,
     ) -> Result<Option<Injected>, FaultError> {
-        let n = env.node_count();
-        let candidates: Vec<usize> =
-            (0..n).filter(|&i| env.node_state(i) == NodeState::Running).collect();
-        let targets = match rng.random_range(0..100) {
-            0..45 => Targets::Leader,
-            45..80 => Targets::One,
-            _ => Targets::Minority,
-        };
-        let (nodes, leader_known) = targets.pick(&candidates, n, ctx.leader, rng);
-        if nodes.is_empty() {
-            return Ok(None);
-        }
-        for &i in &nodes {
-            env.pause(i)?;
-            self.paused.push(i);
-        }
-        let hold = between(rng, PAUSE_MIN, PAUSE_MAX);
-        Ok(Some(Injected {
-            event: FaultEvent {
-                f: "pause".to_string(),
-                value: json!({
-                    "targets": targets.as_str(),
-                    "leader_known": leader_known,
-                    "nodes": names(env, &nodes),
-                    "hold_ms": hold.as_millis() as u64,
-                }),
-            },
-            hold,
-        }))
+        PAUSE.inject(env, ctx, rng, &mut self.paused)
     }
 
     fn heal(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
-        let mut resumed = Vec::new();
-        for i in std::mem::take(&mut self.paused) {
-            if env.node_state(i) == NodeState::Paused {
-                env.resume(i)?;
-                resumed.push(i);
-            }
-        }
-        if resumed.is_empty() {
-            return Ok(Vec::new());
-        }
-        Ok(vec![FaultEvent {
-            f: "resume".to_string(),
-            value: json!({ "nodes": names(env, &resumed) }),
-        }])
+        let paused = std::mem::take(&mut self.paused);
+        process::undo(env, paused, NodeState::Paused, |env, i| env.resume(i), "resume")
     }
 }

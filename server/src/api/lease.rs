@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::stream::FuturesOrdered;
 use futures::Stream;
 use parking_lot::Mutex;
 use picket_proto::etcdserverpb::lease_server::Lease;
@@ -38,6 +39,14 @@ const EXPIRY_TICK: Duration = Duration::from_millis(100);
 /// At most this many revokes in flight at once (etcd limits revocations to 1000/s), so a mass
 /// expiry cannot flood the Raft log ahead of client writes.
 const MAX_REVOKES_IN_FLIGHT: usize = 64;
+
+/// Keep-alives of one stream answered concurrently. Clients multiplex many leases on one stream
+/// (etcd-client, and etcd's own clientv3, send one request per lease per period); answering them
+/// one at a time would make each wait for the previous one's leadership confirmation, so a
+/// stream of N leases would need N confirmation rounds per period. In flight together they join
+/// the same round. Answers still go out in request order. The bound keeps one stream from
+/// holding unbounded work.
+const KEEPALIVES_IN_FLIGHT: usize = 256;
 
 /// Attempts at a server-chosen lease id. A collision among random 63-bit ids is
 /// astronomically rare; the retry exists so one can never surface to a client.
@@ -270,12 +279,26 @@ impl Lease for LeaseService {
         let (tx, rx) = mpsc::channel(64);
         let ctx = self.ctx.clone();
         tokio::spawn(async move {
-            while let Some(msg) = incoming.next().await {
-                let Ok(msg) = msg else { break };
-                let resp = keep_alive(&ctx, msg.id).await;
-                let failed = resp.is_err();
-                if tx.send(resp).await.is_err() || failed {
-                    break;
+            let mut in_flight = FuturesOrdered::new();
+            let mut incoming_open = true;
+            loop {
+                tokio::select! {
+                    msg = incoming.next(),
+                        if incoming_open && in_flight.len() < KEEPALIVES_IN_FLIGHT => match msg {
+                        Some(Ok(msg)) => {
+                            let ctx = ctx.clone();
+                            in_flight.push_back(async move { keep_alive(&ctx, msg.id).await });
+                        }
+                        _ => incoming_open = false,
+                    },
+                    Some(resp) = in_flight.next(), if !in_flight.is_empty() => {
+                        let failed = resp.is_err();
+                        if tx.send(resp).await.is_err() || failed {
+                            break;
+                        }
+                    }
+                    // The client closed its side and every answer went out.
+                    else => break,
                 }
             }
         });

@@ -207,19 +207,35 @@ struct WatcherState {
 }
 
 impl WatcherState {
+    /// The events of one revision this watcher wants, with `prev_kv` filled in if asked. Only
+    /// wanted events are cloned: with many watchers on disjoint keys, a revision costs each
+    /// uninterested watcher a key comparison, not a copy of the revision.
+    fn select<'a>(&self, revision: i64, events: impl IntoIterator<Item = &'a Event>) -> Vec<Event> {
+        let mut out = Vec::new();
+        for e in events {
+            if self.spec.wants(e) {
+                let mut e = e.clone();
+                if self.spec.prev_kv {
+                    prev_kv(&self.ctx, &mut e, revision);
+                }
+                out.push(e);
+            }
+        }
+        out
+    }
+
     /// Sends the wanted events of revisions up to `through`. Returns false if the stream is gone.
     async fn deliver(&self, batch: Vec<(i64, Vec<Event>)>, through: i64) -> bool {
         let mut events = Vec::new();
-        for (revision, evs) in batch {
-            for mut e in evs {
-                if self.spec.wants(&e) {
-                    if self.spec.prev_kv {
-                        prev_kv(&self.ctx, &mut e, revision);
-                    }
-                    events.push(e);
-                }
-            }
+        for (revision, evs) in &batch {
+            events.extend(self.select(*revision, evs));
         }
+        self.send(events, through).await
+    }
+
+    /// Queues `events` (already selected) as this watcher's responses for revisions up to
+    /// `through`. Returns false if the stream is gone.
+    async fn send(&self, events: Vec<Event>, through: i64) -> bool {
         // Held while this watcher's events are queued, so a progress answer is ordered with them.
         let mut sent_through = self.sent_through.lock().await;
         if !events.is_empty() {
@@ -332,7 +348,8 @@ async fn run_watcher(
                 item = feed.recv() => match item {
                     Ok(rev) if rev.revision < next => {}
                     Ok(rev) if rev.revision == next => {
-                        if !state.deliver(vec![(rev.revision, rev.events.as_ref().clone())], rev.revision).await {
+                        let events = state.select(rev.revision, rev.events.iter());
+                        if !state.send(events, rev.revision).await {
                             return;
                         }
                         next += 1;
@@ -340,7 +357,11 @@ async fn run_watcher(
                     }
                     // A gap (the feed skipped ahead, e.g. a snapshot install) or lag: catch up
                     // from the changelog, then resume the feed.
-                    Ok(_) | Err(RecvError::Lagged(_)) => continue 'replay,
+                    Ok(_) => continue 'replay,
+                    Err(RecvError::Lagged(missed)) => {
+                        tracing::debug!(watch_id = state.id, next, missed, "watcher fell behind the live feed; catching up from history");
+                        continue 'replay;
+                    }
                     Err(RecvError::Closed) => return,
                 },
                 _ = progress.tick(), if state.spec.progress_notify => {

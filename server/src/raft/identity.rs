@@ -114,6 +114,13 @@ pub async fn resolve(
     Ok(identity)
 }
 
+/// Durably records `id` as the identity of the member whose data dir is `data_dir`, for tools
+/// that build a data dir offline (`crate::restore`). A later start reads it back in
+/// [`resolve`] instead of deriving or asking for an id.
+pub fn record(data_dir: &Path, id: &Identity) -> Result<(), IdentityError> {
+    save(data_dir, &data_dir.join(FILE), id)
+}
+
 fn load(path: &Path) -> Result<Option<Identity>, IdentityError> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| IdentityError::Corrupt {

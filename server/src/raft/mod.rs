@@ -8,6 +8,7 @@ pub mod member_tasks;
 pub mod membership;
 pub mod network;
 pub mod proposer;
+pub mod read_index;
 pub mod service;
 pub mod transfer;
 pub mod types;

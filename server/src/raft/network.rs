@@ -1,7 +1,8 @@
 //! The Raft network: openraft's `RaftNetwork` over tonic, one lazily connected channel per
-//! peer. openraft messages travel as postcard bytes inside `picket.raft.v1.RaftPayload`; the
+//! peer, shared by every client openraft asks for. openraft messages travel as postcard bytes inside `picket.raft.v1.RaftPayload`; the
 //! reply carries the remote `Result`, so remote Raft errors come back typed.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use openraft::error::{
@@ -44,16 +45,48 @@ pub fn decode<T: DeserializeOwned>(p: &RaftPayload) -> Result<T, postcard::Error
     postcard::from_bytes(&p.payload)
 }
 
-/// Creates peer clients for openraft.
+/// Creates peer clients for openraft, reusing one channel per peer.
+///
+/// openraft 0.9 asks for a new client far more often than a connection should be made: every
+/// replication stream (re)start and, above all, every leadership confirmation
+/// (`ensure_linearizable`, used once per read-index round) calls `new_client` for each voter.
+/// Opening a fresh channel each time cost a TCP connect and an HTTP/2 handshake per follower per
+/// round (about 10,000 sockets in TIME_WAIT after a 10 s lease keep-alive run). A tonic
+/// `Channel` multiplexes concurrent RPCs over one HTTP/2 connection, is cheap to clone and
+/// reconnects by itself after a failure, so one channel per peer serves every client.
 #[derive(Clone, Default)]
-pub struct Network;
+pub struct Network {
+    /// Keyed by member id; the URL is kept so a member whose peer URL changed (a membership
+    /// update) gets a channel to the new URL instead of the stale one.
+    channels: HashMap<NodeId, (String, Channel)>,
+}
+
+impl Network {
+    fn channel(&mut self, target: NodeId, url: &str) -> Option<Channel> {
+        if let Some((cached_url, ch)) = self.channels.get(&target) {
+            if cached_url == url {
+                return Some(ch.clone());
+            }
+        }
+        match peer_channel(url) {
+            Ok(ch) => {
+                self.channels.insert(target, (url.to_string(), ch.clone()));
+                Some(ch)
+            }
+            Err(_) => {
+                self.channels.remove(&target);
+                None
+            }
+        }
+    }
+}
 
 impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
-        let url = node.peer_urls.first().cloned().unwrap_or_default();
-        let client = peer_channel(&url).ok().map(RaftServiceClient::new);
+        let url = node.peer_urls.first().map(String::as_str).unwrap_or_default();
+        let client = self.channel(target, url).map(RaftServiceClient::new);
         if client.is_none() {
             tracing::warn!(node_id = target, url = %url, "invalid peer url");
         }

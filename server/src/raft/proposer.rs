@@ -5,11 +5,17 @@
 //! local state machine has applied it (etcd's ReadIndex on followers). Retries are limited to
 //! cases where the outcome is known: a request the leader refused before appending it, or one
 //! that never left this node. Anything else is reported as indeterminate, never retried.
+//!
+//! Read indexes are batched ([`super::read_index`]): concurrent reads and lease keep-alives on
+//! the leader share one leadership confirmation, and concurrent reads on a follower share one
+//! ReadIndex RPC to the leader.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use parking_lot::Mutex;
 use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
@@ -20,6 +26,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::network::peer_channel;
+use super::read_index::{ReadIndexBatcher, ReadIndexSource};
 use super::types::{Command, NodeId, Raft};
 
 /// Marker at the start of the status message a member returns when it refused a forwarded
@@ -30,7 +37,15 @@ const NOT_LEADER: &str = "picket: not leader";
 /// takes a few hundred milliseconds; bounded overall by the request deadline.
 const NO_LEADER_BACKOFF: Duration = Duration::from_millis(50);
 
-#[derive(Debug, Error)]
+/// Bound on one read-index round (a leadership confirmation on the leader, a ReadIndex RPC from
+/// a follower). A round normally takes one loopback round trip; the bound only matters when the
+/// leader stops answering (paused, partitioned), where every read on this member would otherwise
+/// queue behind a round that never ends. Giving up is safe: a read index changes nothing, and
+/// the callers of an abandoned round retry with a new round until their own deadline. Two
+/// seconds is a fraction of the request timeout (7 s by default), so callers still get a retry.
+const ROUND_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Error)]
 #[non_exhaustive]
 pub enum ProposeError {
     /// This member is not the leader; the hint names the leader if known. Not applied.
@@ -73,19 +88,27 @@ struct Inner {
     /// transfer (`raft::transfer`) stops all leader traffic so the followers' leader leases run
     /// out and the chosen member can win an election.
     paused_until: Mutex<Option<Instant>>,
+    /// Leadership confirmations on this member (used while it leads).
+    local_reads: ReadIndexBatcher<LocalReads>,
+    /// ReadIndex RPCs to the leader (used while another member leads).
+    leader_reads: ReadIndexBatcher<LeaderReads>,
 }
 
 impl Proposer {
     pub fn new(raft: Raft, node_id: NodeId, request_timeout: Duration) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                raft,
-                node_id,
-                request_timeout,
-                peers: Mutex::new(HashMap::new()),
-                paused_until: Mutex::new(None),
-            }),
-        }
+        // The batchers' sources need the proposer (pause flag, peer clients) and live inside it,
+        // so they hold a weak reference: no cycle, and a source outliving the proposer (a round
+        // still running at shutdown) just reports `Stopped`.
+        let inner = Arc::new_cyclic(|me: &Weak<Inner>| Inner {
+            raft,
+            node_id,
+            request_timeout,
+            peers: Mutex::new(HashMap::new()),
+            paused_until: Mutex::new(None),
+            local_reads: ReadIndexBatcher::new(LocalReads(me.clone())),
+            leader_reads: ReadIndexBatcher::new(LeaderReads(me.clone())),
+        });
+        Self { inner }
     }
 
     pub fn raft(&self) -> &Raft {
@@ -112,7 +135,7 @@ impl Proposer {
     }
 
     fn paused(&self) -> bool {
-        self.inner.paused_until.lock().is_some_and(|t| Instant::now() < t)
+        self.inner.paused()
     }
 
     /// Proposes on this member only; fails with `NotLeader` if it is not the leader.
@@ -188,22 +211,15 @@ impl Proposer {
         }
     }
 
-    /// On the leader: confirms leadership with a quorum, waits until the local state machine
-    /// has applied everything committed before the call, and returns that index.
+    /// On the leader: confirms leadership with a quorum in a round that starts after this call
+    /// (shared with concurrent callers), waits until the local state machine has applied
+    /// everything committed before the call, and returns that index. Fails with `NotLeader` on
+    /// any other member.
     pub async fn local_read_index(&self) -> Result<u64, ProposeError> {
         if self.paused() {
             return Err(ProposeError::NotLeader(None));
         }
-        match self.inner.raft.ensure_linearizable().await {
-            Ok(log_id) => Ok(log_id.map(|l| l.index).unwrap_or(0)),
-            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
-                Err(ProposeError::NotLeader(f.leader_id))
-            }
-            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
-                Err(ProposeError::NoLeader)
-            }
-            Err(RaftError::Fatal(_)) => Err(ProposeError::Stopped),
-        }
+        self.inner.local_reads.read_index().await
     }
 
     /// Waits until a read served from the local state machine afterwards is linearizable.
@@ -216,42 +232,32 @@ impl Proposer {
     }
 
     async fn read_barrier_until(&self, deadline: Instant) -> Result<(), ProposeError> {
+        let me = self.inner.node_id;
         loop {
-            match self.local_read_index().await {
-                Ok(_) => return Ok(()),
-                Err(ProposeError::NotLeader(Some(leader))) if leader != self.inner.node_id => {
-                    let Some(mut client) = self.peer_client(leader) else {
-                        tokio::time::sleep(NO_LEADER_BACKOFF).await;
-                        continue;
-                    };
-                    match client.read_index(ReadIndexRequest {}).await {
-                        Ok(resp) => {
-                            let index = resp.into_inner().read_index;
-                            let remaining = deadline.saturating_duration_since(Instant::now());
-                            return self
-                                .inner
-                                .raft
-                                .wait(Some(remaining))
-                                .applied_index_at_least(Some(index), "read index")
-                                .await
-                                .map(|_| ())
-                                .map_err(|_| ProposeError::Timeout);
-                        }
-                        // Reads change nothing, so any failure is safe to retry until the
-                        // deadline.
-                        Err(s) => {
-                            tracing::debug!(node_id = leader, error = %s, "read index failed");
-                            tokio::time::sleep(NO_LEADER_BACKOFF).await;
-                        }
+            let leader = self.inner.raft.metrics().borrow().current_leader;
+            let result = match leader {
+                Some(l) if l != me => self.inner.leader_reads.read_index().await,
+                _ => match self.local_read_index().await {
+                    // Leadership just moved and the metrics have not caught up: ask the leader
+                    // the core named rather than waiting a backoff.
+                    Err(ProposeError::NotLeader(Some(l))) if l != me => {
+                        self.inner.leader_reads.read_index().await
                     }
-                }
-                Err(ProposeError::NotLeader(_)) | Err(ProposeError::NoLeader) => {
+                    r => r,
+                },
+            };
+            match result {
+                Ok(_) => return Ok(()),
+                Err(ProposeError::Stopped) => return Err(ProposeError::Stopped),
+                // Reads change nothing, so every other failure (no leader yet, a stale leader,
+                // a failed or abandoned RPC) is safe to retry until the deadline.
+                Err(e) => {
+                    tracing::debug!(error = %e, "read index failed; retrying");
                     if Instant::now() + NO_LEADER_BACKOFF >= deadline {
                         return Err(ProposeError::NoLeader);
                     }
                     tokio::time::sleep(NO_LEADER_BACKOFF).await;
                 }
-                Err(e) => return Err(e),
             }
         }
     }
@@ -267,18 +273,132 @@ impl Proposer {
 
     /// The peer URL of `node_id` according to the current membership, with a cached client.
     fn peer_client(&self, node_id: NodeId) -> Option<RaftServiceClient<Channel>> {
+        self.inner.peer_client(node_id)
+    }
+}
+
+impl Inner {
+    fn paused(&self) -> bool {
+        self.paused_until.lock().is_some_and(|t| Instant::now() < t)
+    }
+
+    fn peer_client(&self, node_id: NodeId) -> Option<RaftServiceClient<Channel>> {
         let url = {
-            let metrics = self.inner.raft.metrics();
+            let metrics = self.raft.metrics();
             let m = metrics.borrow();
             m.membership_config.membership().get_node(&node_id)?.peer_urls.first()?.clone()
         };
-        let mut peers = self.inner.peers.lock();
+        let mut peers = self.peers.lock();
         if let Some(c) = peers.get(&url) {
             return Some(c.clone());
         }
         let client = RaftServiceClient::new(peer_channel(&url).ok()?);
         peers.insert(url, client.clone());
         Some(client)
+    }
+}
+
+/// Read indexes from this member's own Raft core: one openraft `get_read_log_id` per round,
+/// which heartbeats every voter and answers once a quorum still accepts this leader.
+struct LocalReads(Weak<Inner>);
+
+/// Read indexes from the leader: one ReadIndex RPC per round. The leader serves it from its own
+/// batcher, in a round that starts after the RPC arrives, so the chain "caller arrived, round
+/// started, RPC sent, leader round started" keeps the batching invariant.
+struct LeaderReads(Weak<Inner>);
+
+/// Whether `inner`'s state machine has applied `index`, without waiting.
+fn applied(inner: &Weak<Inner>, index: u64) -> bool {
+    let Some(inner) = inner.upgrade() else { return false };
+    let applied = inner.raft.metrics().borrow().last_applied.map(|l| l.index);
+    applied.is_some_and(|a| a >= index)
+}
+
+/// Waits, bounded by the request timeout, until `inner`'s state machine has applied `index`.
+fn wait_applied(inner: &Weak<Inner>, index: u64) -> BoxFuture<'static, Result<(), ProposeError>> {
+    let inner = inner.upgrade();
+    async move {
+        let inner = inner.ok_or(ProposeError::Stopped)?;
+        inner
+            .raft
+            .wait(Some(inner.request_timeout))
+            .applied_index_at_least(Some(index), "read index")
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                openraft::metrics::WaitError::ShuttingDown => ProposeError::Stopped,
+                _ => ProposeError::Timeout,
+            })
+    }
+    .boxed()
+}
+
+impl ReadIndexSource for LocalReads {
+    fn confirm(&self) -> BoxFuture<'static, Result<u64, ProposeError>> {
+        let inner = self.0.upgrade();
+        async move {
+            let inner = inner.ok_or(ProposeError::Stopped)?;
+            if inner.paused() {
+                return Err(ProposeError::NotLeader(None));
+            }
+            let confirmed = tokio::time::timeout(ROUND_TIMEOUT, inner.raft.get_read_log_id())
+                .await
+                .map_err(|_| ProposeError::Timeout)?;
+            match confirmed {
+                Ok((read_log_id, _applied)) => Ok(read_log_id.map(|l| l.index).unwrap_or(0)),
+                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                    Err(ProposeError::NotLeader(f.leader_id))
+                }
+                Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+                    Err(ProposeError::NoLeader)
+                }
+                Err(RaftError::Fatal(_)) => Err(ProposeError::Stopped),
+            }
+        }
+        .boxed()
+    }
+
+    fn applied(&self, index: u64) -> bool {
+        applied(&self.0, index)
+    }
+
+    fn wait_applied(&self, index: u64) -> BoxFuture<'static, Result<(), ProposeError>> {
+        wait_applied(&self.0, index)
+    }
+}
+
+impl ReadIndexSource for LeaderReads {
+    fn confirm(&self) -> BoxFuture<'static, Result<u64, ProposeError>> {
+        let inner = self.0.upgrade();
+        async move {
+            let inner = inner.ok_or(ProposeError::Stopped)?;
+            let leader = inner.raft.metrics().borrow().current_leader;
+            let Some(leader) = leader.filter(|l| *l != inner.node_id) else {
+                return Err(ProposeError::NoLeader);
+            };
+            let mut client = inner.peer_client(leader).ok_or(ProposeError::NoLeader)?;
+            match tokio::time::timeout(ROUND_TIMEOUT, client.read_index(ReadIndexRequest {})).await
+            {
+                Err(_) => Err(ProposeError::Timeout),
+                Ok(Ok(resp)) => Ok(resp.into_inner().read_index),
+                Ok(Err(s)) if s.message().starts_with(NOT_LEADER) => {
+                    Err(ProposeError::NotLeader(None))
+                }
+                Ok(Err(s)) => {
+                    tracing::debug!(node_id = leader, error = %s, "read index rpc failed");
+                    Err(ProposeError::Remote(s))
+                }
+            }
+        }
+        .boxed()
+    }
+
+    fn applied(&self, index: u64) -> bool {
+        applied(&self.0, index)
+    }
+
+    fn wait_applied(&self, index: u64) -> BoxFuture<'static, Result<(), ProposeError>> {
+        wait_applied(&self.0, index)
     }
 }
 

@@ -55,8 +55,13 @@ pub fn encode(blob: &[u8]) -> Vec<u8> {
 /// Checks a snapshot file and returns the blob inside it (whose own checksum
 /// [`crate::storage::snapshot::parse`] verifies).
 pub fn decode(file: &[u8]) -> Result<&[u8], SnapshotFileError> {
-    if file.len() < HEADER_LEN + DIGEST_LEN || !file.starts_with(MAGIC) {
+    if !file.starts_with(MAGIC) {
         return Err(SnapshotFileError::NotPicket);
+    }
+    // A file that starts like ours but is too short to hold a header and checksum was cut off:
+    // say so, rather than that it is not ours.
+    if file.len() < HEADER_LEN + DIGEST_LEN {
+        return Err(SnapshotFileError::Length);
     }
     if file[MAGIC.len()] != VERSION {
         return Err(SnapshotFileError::Version(file[MAGIC.len()]));
@@ -103,5 +108,6 @@ mod tests {
         assert_eq!(decode(&bad), Err(SnapshotFileError::Checksum));
         assert_eq!(decode(&file[..file.len() - 1]), Err(SnapshotFileError::Length));
         assert_eq!(decode(b"PICKETSNAP"), Err(SnapshotFileError::NotPicket));
+        assert_eq!(decode(&file[..HEADER_LEN]), Err(SnapshotFileError::Length));
     }
 }

@@ -35,6 +35,11 @@ use crate::storage::snapshot::{self, SnapshotFiles};
 const KEY_APPLIED: &[u8] = b"raft/last_applied";
 const KEY_MEMBERSHIP: &[u8] = b"raft/membership";
 
+/// The `Cf::Meta` keys that record Raft progress rather than data: a snapshot restored into a
+/// new cluster (`crate::restore`) drops them, because they name log ids and members of the
+/// cluster the snapshot came from.
+pub(crate) const RAFT_META_KEYS: [&[u8]; 2] = [KEY_APPLIED, KEY_MEMBERSHIP];
+
 /// Events of one applied revision, published after the batch that produced them is written.
 #[derive(Debug, Clone)]
 pub struct RevisionEvents {

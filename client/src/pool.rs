@@ -1,0 +1,195 @@
+//! The endpoint list: one lazily made connection per endpoint, which endpoint to try first, and
+//! which ones failed recently.
+//!
+//! Requests go to the preferred endpoint (the leader when known, since every write and every
+//! linearizable read ends there anyway), then to the others in order. An endpoint that failed is
+//! moved to the back of the order for [`ConnectOptions::avoid_failed_for`], so a dead or
+//! partitioned member costs at most one attempt per that period instead of one per request.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::Error;
+use crate::options::ConnectOptions;
+
+pub(crate) struct Pool {
+    members: Vec<Member>,
+    preferred: AtomicUsize,
+    avoid_for: Duration,
+}
+
+struct Member {
+    url: String,
+    endpoint: Endpoint,
+    /// The connection, made on first use. An async mutex so that concurrent first uses share one
+    /// connect instead of racing to make several.
+    channel: tokio::sync::Mutex<Option<Channel>>,
+    /// Until when this endpoint is tried only after the others.
+    avoid_until: Mutex<Option<Instant>>,
+}
+
+/// Adds `http://` to a bare `host:port`, as etcdctl does.
+pub(crate) fn normalize(url: &str) -> String {
+    if url.contains("://") {
+        url.to_string()
+    } else {
+        format!("http://{url}")
+    }
+}
+
+impl Pool {
+    pub(crate) fn new(urls: &[String], opts: &ConnectOptions) -> Result<Self, Error> {
+        if urls.is_empty() {
+            return Err(Error::InvalidEndpoint {
+                endpoint: String::new(),
+                reason: "no endpoints given".into(),
+            });
+        }
+        let mut members = Vec::with_capacity(urls.len());
+        for url in urls {
+            let url = normalize(url);
+            let endpoint = Endpoint::from_shared(url.clone())
+                .map_err(|e| Error::InvalidEndpoint {
+                    endpoint: url.clone(),
+                    reason: e.to_string(),
+                })?
+                .connect_timeout(opts.dial_timeout)
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(opts.keep_alive_interval)
+                .keep_alive_timeout(opts.keep_alive_timeout)
+                .keep_alive_while_idle(true);
+            members.push(Member {
+                url,
+                endpoint,
+                channel: tokio::sync::Mutex::new(None),
+                avoid_until: Mutex::new(None),
+            });
+        }
+        Ok(Self { members, preferred: AtomicUsize::new(0), avoid_for: opts.avoid_failed_for })
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub(crate) fn url(&self, idx: usize) -> &str {
+        &self.members[idx].url
+    }
+
+    pub(crate) fn urls(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.url.clone()).collect()
+    }
+
+    /// The order in which to try endpoints now: the preferred one first, then the rest in list
+    /// order, with recently failed ones last (the longest-avoided one last of all).
+    pub(crate) fn order(&self) -> Vec<usize> {
+        let n = self.members.len();
+        let first = self.preferred.load(Ordering::Relaxed) % n;
+        let now = Instant::now();
+        let mut order: Vec<(Option<Instant>, usize)> = (0..n)
+            .map(|i| (first + i) % n)
+            .map(|i| {
+                let until = *lock(&self.members[i].avoid_until);
+                (until.filter(|u| *u > now), i)
+            })
+            .collect();
+        // Stable sort: healthy endpoints (None) keep their rotation order ahead of avoided ones.
+        order.sort_by_key(|(until, _)| *until);
+        order.into_iter().map(|(_, i)| i).collect()
+    }
+
+    pub(crate) fn prefer(&self, idx: usize) {
+        self.preferred.store(idx, Ordering::Relaxed);
+        *lock(&self.members[idx].avoid_until) = None;
+    }
+
+    pub(crate) fn preferred(&self) -> usize {
+        self.preferred.load(Ordering::Relaxed) % self.members.len()
+    }
+
+    /// Moves `idx` to the back of the order for a while and, if it was preferred, prefers the
+    /// next endpoint.
+    pub(crate) fn avoid(&self, idx: usize) {
+        *lock(&self.members[idx].avoid_until) = Some(Instant::now() + self.avoid_for);
+        let n = self.members.len();
+        let _ = self.preferred.compare_exchange(
+            idx,
+            (idx + 1) % n,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The connection to endpoint `idx`, made now if there is none. Connecting is bounded by
+    /// the dial timeout; a failure here means no request was sent. The error does not name
+    /// the endpoint; callers add it.
+    pub(crate) async fn channel(&self, idx: usize) -> Result<Channel, String> {
+        let member = &self.members[idx];
+        let mut slot = member.channel.lock().await;
+        if let Some(ch) = slot.as_ref() {
+            return Ok(ch.clone());
+        }
+        match member.endpoint.connect().await {
+            Ok(ch) => {
+                *slot = Some(ch.clone());
+                Ok(ch)
+            }
+            Err(e) => Err(error_chain(&e)),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // The guarded values are plain data written in one statement; a panic elsewhere cannot
+    // leave them half-updated, so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An error and its sources on one line ("transport error: tcp connect error: refused").
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(n: usize) -> Pool {
+        let urls: Vec<String> = (0..n).map(|i| format!("127.0.0.1:{}", 1000 + i)).collect();
+        Pool::new(&urls, &ConnectOptions::default()).unwrap()
+    }
+
+    #[test]
+    fn bare_addresses_get_a_scheme() {
+        assert_eq!(normalize("127.0.0.1:2379"), "http://127.0.0.1:2379");
+        assert_eq!(normalize("https://a:1"), "https://a:1");
+        assert!(Pool::new(&[], &ConnectOptions::default()).is_err());
+    }
+
+    #[tokio::test]
+    async fn failed_endpoints_go_last_and_preference_moves_on() {
+        let p = pool(3);
+        assert_eq!(p.order(), vec![0, 1, 2]);
+        p.avoid(0);
+        assert_eq!(p.preferred(), 1);
+        assert_eq!(p.order(), vec![1, 2, 0]);
+        p.avoid(2);
+        assert_eq!(p.order(), vec![1, 0, 2], "the longest-avoided endpoint goes last");
+        p.prefer(2);
+        assert_eq!(p.order(), vec![2, 1, 0]);
+    }
+}
