@@ -21,6 +21,7 @@ use picket_proto::etcdserverpb::{
 };
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
+use picket_proto::picket::raft::v1::LeaseExpire;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
@@ -339,9 +340,9 @@ pub async fn run_expiry(ctx: Arc<Ctx>, mut stop: tokio::sync::watch::Receiver<bo
             _ = tick.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
-        if ctx.lease_leader.sync_role(&ctx).is_none() {
+        let Some(term) = ctx.lease_leader.sync_role(&ctx) else {
             continue;
-        }
+        };
         let live: Vec<(i64, i64)> =
             ctx.sm.with_leases(|t| t.iter().map(|r| (r.id, r.ttl)).collect());
         let expired = ctx.lease_leader.clock.lock().expired(live, Instant::now());
@@ -356,10 +357,17 @@ pub async fn run_expiry(ctx: Arc<Ctx>, mut stop: tokio::sync::watch::Receiver<bo
             let in_flight = in_flight.clone();
             tokio::spawn(async move {
                 tracing::info!(lease_id = id, "lease expired; revoking");
-                match ctx.propose(Cmd::LeaseRevoke(LeaseRevokeRequest { id })).await {
+                // Carries this leader's term: if leadership moved while this member was paused
+                // or partitioned, the entry lands in a later term (forwarded to the new leader,
+                // or appended after a re-election) and apply ignores it.
+                match ctx.propose(Cmd::LeaseExpire(LeaseExpire { id, term })).await {
                     Ok(_) => {}
                     // Already revoked by a client or an earlier attempt.
                     Err(s) if s.code() == Code::NotFound => {}
+                    // Stale: a newer leader's clock owns this lease now.
+                    Err(s) if s.code() == Code::FailedPrecondition => {
+                        tracing::info!(lease_id = id, term, "stale lease expiry ignored")
+                    }
                     // Leadership moved or the commit timed out: the next leader's clock takes
                     // over, or the next tick retries; a revoke is idempotent in effect.
                     Err(s) => tracing::warn!(lease_id = id, error = %s, "lease revoke failed"),

@@ -211,8 +211,26 @@ fn apply_command(
     batch: &mut ApplyBatch<'_, RocksEngine>,
     leases: &mut LeaseTable,
     cmd: Cmd,
+    entry_term: u64,
 ) -> Result<CmdResult, StorageError> {
     match cmd {
+        Cmd::LeaseExpire(e) if e.term != entry_term => {
+            // Decided by a leader of an earlier term (see `LeaseExpire` in the proto): the
+            // current leader renewed every lease when it took over, so this expiry is stale.
+            Ok(CmdResult::Error(CommandError {
+                code: tonic::Code::FailedPrecondition as u32,
+                message: format!(
+                    "picket: stale lease expiry from term {} applied in term {entry_term}",
+                    e.term
+                ),
+            }))
+        }
+        Cmd::LeaseExpire(e) => apply_command(
+            batch,
+            leases,
+            Cmd::LeaseRevoke(picket_proto::etcdserverpb::LeaseRevokeRequest { id: e.id }),
+            entry_term,
+        ),
         Cmd::Put(req) => outcome(batch.put(&req, leases), CmdResult::Put),
         Cmd::DeleteRange(req) => outcome(batch.delete_range(&req), CmdResult::DeleteRange),
         Cmd::Txn(req) => outcome(batch.txn(&req, leases), CmdResult::Txn),
@@ -307,7 +325,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     CmdResult::Empty(Empty {})
                 }
                 EntryPayload::Normal(cmd) => match cmd.0.cmd {
-                    Some(c) => apply_command(&mut batch, leases, c)?,
+                    Some(c) => apply_command(&mut batch, leases, c, log_id.leader_id.term)?,
                     None => CmdResult::Error(CommandError {
                         code: tonic::Code::InvalidArgument as u32,
                         message: "picket: empty raft command".into(),
