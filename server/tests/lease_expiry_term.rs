@@ -44,8 +44,10 @@ async fn expiry_from_an_earlier_term_is_ignored() {
     assert!(sm.shared().with_leases(|t| t.get(id).is_some()), "lease must survive");
 
     // Decided by the current term's leader: the lease is revoked.
-    let results =
-        sm.apply([entry(2, 3, Cmd::LeaseExpire(LeaseExpire { id, term: 2 }))]).await.expect("apply");
+    let results = sm
+        .apply([entry(2, 3, Cmd::LeaseExpire(LeaseExpire { id, term: 2 }))])
+        .await
+        .expect("apply");
     assert!(
         matches!(results[0].0.result, Some(CmdResult::LeaseRevoke(_))),
         "{:?}",
