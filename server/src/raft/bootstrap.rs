@@ -51,8 +51,15 @@ pub fn raft_config(cfg: &Config) -> Result<Arc<openraft::Config>, openraft::Conf
     let raft = openraft::Config {
         cluster_name: cfg.initial_cluster_token.clone(),
         heartbeat_interval: cfg.heartbeat_interval_ms,
-        election_timeout_min: cfg.election_timeout_ms,
-        election_timeout_max: cfg.election_timeout_ms * 2,
+        // etcd's `--election-timeout` T means "a follower campaigns after T to 2T without a
+        // heartbeat". openraft 0.9 makes a follower wait `leader_lease + election_timeout`,
+        // with leader_lease = election_timeout_max and election_timeout drawn from
+        // [min, max): mapping T to [T, 2T) made failover take 3-4 s (docs/failover.md). With
+        // [T/2, 3T/4) a follower campaigns 1.25T to 1.5T after the last heartbeat, inside
+        // etcd's window, and the lease that guards against deposed leaders still exceeds
+        // every heartbeat gap `Config::validate` allows (T >= 5 heartbeats).
+        election_timeout_min: cfg.election_timeout_ms / 2,
+        election_timeout_max: cfg.election_timeout_ms * 3 / 4,
         // Per snapshot chunk: generous, because a chunk is written and fsynced on a possibly
         // busy follower. A timed-out chunk is simply resent.
         install_snapshot_timeout: 10_000,
