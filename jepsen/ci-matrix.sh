@@ -3,10 +3,10 @@
 # expected exit status. Every must-pass run must exit 0 (valid); the control, lock-set under
 # pause, must exit 1 (the lost updates that reveal overlapping lock holders were found).
 #
-# Usage: jepsen/ci-matrix.sh [result-root]      (default: target/jepsen-ci)
+# Usage: jepsen/ci-matrix.sh [result-root]      (default: $CARGO_TARGET_DIR/jepsen-ci)
 # Environment:
-#   PICKET_JEPSEN   the harness binary   (default: the newer of target/{release,debug}/picket-jepsen
-#                   with picketd beside it)
+#   PICKET_JEPSEN   the harness binary   (default: the newer of
+#                   ${CARGO_TARGET_DIR:-target}/{release,debug}/picket-jepsen with picketd beside it)
 #   JEPSEN_TIME     seconds of workload per run            (default: 20)
 #   JEPSEN_JOBS     runs in parallel                       (default: 2)
 #   JEPSEN_MODE     auto | netns | loopback                (default: netns as root, else loopback)
@@ -19,14 +19,15 @@
 set -u -o pipefail
 
 cd "$(dirname "$0")/.."
-root=${1:-target/jepsen-ci}
+tdir=${CARGO_TARGET_DIR:-target}
+root=${1:-$tdir/jepsen-ci}
 time_limit=${JEPSEN_TIME:-20}
 jobs=${JEPSEN_JOBS:-2}
 seed=${JEPSEN_SEED:-$(( (RANDOM << 15) | RANDOM ))}
 
 bin=${PICKET_JEPSEN:-}
 if [ -z "$bin" ]; then
-    for p in target/release/picket-jepsen target/debug/picket-jepsen; do
+    for p in "$tdir/release/picket-jepsen" "$tdir/debug/picket-jepsen"; do
         if [ -x "$p" ] && [ -x "$(dirname "$p")/picketd" ] && { [ -z "$bin" ] || [ "$p" -nt "$bin" ]; }; then
             bin=$p
         fi

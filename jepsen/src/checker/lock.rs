@@ -12,7 +12,8 @@
 //!    acquisition B began, `token(A) < token(B)`;
 //! 3. **no overlapping holders**: A *definitely* held the lock from its acquisition's `ok` until
 //!    its release began, when that release is `ok` and did not report `held: false`. No other
-//!    acquisition may complete strictly inside that interval. A release with an unknown outcome
+//!    acquisition may be both invoked and completed strictly inside that interval (one invoked
+//!    earlier may have been granted before the interval began and answered late). A release with an unknown outcome
 //!    (`info`), a failed or missing release, or `held: false` gives no definite end (the lease may
 //!    have expired first), so such intervals are not used: the checker never guesses how long an
 //!    ambiguous holder held.
@@ -213,7 +214,11 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
                 if std::ptr::eq(*a, *b) || b.key == a.key && b.token == a.token {
                     continue;
                 }
-                if a.granted < b.granted && b.granted < until {
+                // b must have been *invoked* after a's grant completed: only then did b's grant
+                // (somewhere between its invoke and its completion) certainly fall inside a's
+                // hold. A grant invoked earlier may have happened before a's key existed and
+                // merely been answered late (its client or member paused), which is no overlap.
+                if a.granted < b.op.invoke.index && b.granted < until {
                     let mut events = a.op.indexes();
                     events.extend(b.op.indexes());
                     events.push(until);

@@ -54,6 +54,22 @@ fn overlapping_holders_are_rejected() {
 }
 
 #[test]
+fn grant_answered_late_is_not_an_overlap() {
+    // Found in a lock-kv-set run under pause: process 1 was granted the lock (token 10) before
+    // process 0's key even existed, but its answer arrived only while 0 held the lock (1's
+    // client or member was paused, its lease expired meanwhile and the lock passed to 0). Its
+    // completion inside 0's hold proves nothing about when it held the lock.
+    let mut h = HistoryBuilder::new();
+    h.invoke(1, "lock_acquire", "L", json!({"name": "L", "lease": 1}));
+    let k0 = acquire(&mut h, 0, 2, 11);
+    h.ok(1, json!({"key": "L/1", "token": 10}));
+    release(&mut h, 0, &k0, Some(true));
+    release(&mut h, 1, "L/1", Some(false));
+    let r = check(&h);
+    assert_eq!(r.valid, Validity::Valid, "{r:#?}");
+}
+
+#[test]
 fn holder_with_unknown_release_gives_no_definite_interval() {
     // 0's release timed out: 0 may have lost the lock (lease expiry) before 1's grant, so the
     // checker must not claim an overlap.
