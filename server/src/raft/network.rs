@@ -175,3 +175,35 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         self.call(&rpc, &option, |mut c, p| Box::pin(async move { c.vote(p).await })).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(url: &str) -> Member {
+        Member { name: "n".into(), peer_urls: vec![url.into()], client_urls: Vec::new() }
+    }
+
+    // Regression test for issue 9: every `new_client` used to open a new channel (and so a new
+    // TCP connection) per call. One cached channel per member, replaced when its URL changes.
+    #[tokio::test]
+    async fn one_channel_per_member_until_its_url_changes() {
+        tracing::info!("repeated clients for one member share a single cached channel");
+        let mut net = Network::default();
+        for _ in 0..3 {
+            assert!(net.new_client(1, &member("http://127.0.0.1:1")).await.client.is_some());
+        }
+        assert!(net.new_client(2, &member("http://127.0.0.1:2")).await.client.is_some());
+        assert_eq!(net.channels.len(), 2);
+        assert_eq!(net.channels[&1].0, "http://127.0.0.1:1");
+
+        tracing::info!("a changed peer URL replaces the member's channel");
+        assert!(net.new_client(1, &member("http://127.0.0.1:3")).await.client.is_some());
+        assert_eq!(net.channels.len(), 2);
+        assert_eq!(net.channels[&1].0, "http://127.0.0.1:3");
+
+        tracing::info!("an invalid URL yields no client and drops the stale channel");
+        assert!(net.new_client(1, &member("not a url")).await.client.is_none());
+        assert!(!net.channels.contains_key(&1));
+    }
+}

@@ -124,27 +124,6 @@ impl LogStore {
     fn decode_entry(bytes: &[u8]) -> Result<Entry, StorageError> {
         postcard::from_bytes(bytes).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))
     }
-
-    /// Writes `batch` with `sync` set on a blocking-pool thread and waits for it.
-    ///
-    /// openraft 0.9 calls the log store from its core task and waits for each append to be
-    /// flushed before it handles the next message, so the fsync is on the critical path either
-    /// way. Running it on the blocking pool instead of in place frees the runtime worker for the
-    /// fsync's duration (about 0.2 ms on this class of disk, most of a leader's per-entry cost):
-    /// with the default of one worker per core, an in-place fsync took half of a two-core
-    /// machine's workers away from gRPC, replication and apply for most of every write.
-    /// Durability is unchanged: the caller still gets `Ok` only after the synced write returns,
-    /// and the core awaits this call, so log writes still reach RocksDB one at a time and in
-    /// openraft's order.
-    async fn write_synced(&self, batch: WriteBatch) -> Result<(), std::io::Error> {
-        let db = self.db.clone();
-        match tokio::task::spawn_blocking(move || db.write_opt(batch, &synced())).await {
-            Ok(r) => r.map_err(std::io::Error::other),
-            // The closure does not panic (RocksDB reports errors as values); a join error means
-            // the runtime is shutting down. Report it as a failed write, which stops the node.
-            Err(e) => Err(std::io::Error::other(format!("log write task failed: {e}"))),
-        }
-    }
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -238,9 +217,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Durability: openraft counts this node towards the commit quorum as soon as the
         // callback fires, so the entries must be on stable storage first. The synced write
         // fsyncs the shared WAL, which also makes every earlier unsynced state-machine write
-        // durable. It runs off the runtime worker (`write_synced`), and the callback fires only
-        // after it has returned.
-        match self.write_synced(batch).await {
+        // durable.
+        //
+        // Performance note (issue 9): openraft 0.9 calls `append` once per client write on the
+        // leader and awaits this callback before handling its next message, so there is no
+        // group commit to be had here and the fsync is the leader's per-write floor. Writing on
+        // the blocking pool (`spawn_blocking`) was measured slower (the core task then waits for
+        // a wake-up after every fsync), and `block_in_place` made no measurable difference, so
+        // the write stays in place. Batching happens above openraft instead (several commands
+        // per entry) or needs openraft's pipelined log IO.
+        match self.db.write_opt(batch, &synced()) {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
                 Ok(())
@@ -257,9 +243,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(self.cf(CF_LOG)?, index_key(log_id.index), index_key(u64::MAX));
         // Durability: synced so a crash cannot resurrect conflicting entries after the leader
-        // has been told they are gone and newer entries replaced them. Awaited before returning,
-        // like every log write (`write_synced`).
-        self.write_synced(batch).await.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+        // has been told they are gone and newer entries replaced them.
+        self.db
+            .write_opt(batch, &synced())
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -278,7 +265,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Durability: openraft purges only entries covered by a snapshot of the state machine.
         // State-machine writes are not synced individually; syncing here flushes the shared WAL
         // up to this point, so the applied state the snapshot covers is durable before the log
-        // entries that could rebuild it disappear. Awaited before returning (`write_synced`).
-        self.write_synced(batch).await.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+        // entries that could rebuild it disappear.
+        self.db
+            .write_opt(batch, &synced())
+            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
     }
 }
