@@ -5,6 +5,7 @@
 #                      (Picket's own protos compile with the pure-Rust protox and need nothing)
 #   etcd-server/-client etcd 3.4 and etcdctl, for compatibility and side-by-side tests
 #   iptables           network partitions in the Jepsen-style harness
+#   faketime           libfaketime, for the harness's clock-skew nemesis (jepsen/tests/nemeses.rs)
 # It does nothing when everything is already present, so it is cheap to call every time.
 set -euo pipefail
 need=()
@@ -13,6 +14,7 @@ command -v protoc >/dev/null || need+=(protobuf-compiler)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v etcdctl >/dev/null || need+=(etcd-client)
 command -v iptables >/dev/null || need+=(iptables)
+command -v faketime >/dev/null || need+=(faketime)
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"

@@ -108,9 +108,16 @@ struct Node {
     info: NodeInfo,
     child: Option<Child>,
     paused: bool,
-    /// `header.member_id` as last reported by this node.
+    /// `header.member_id` as last reported by this node (or, after the `member` nemesis added
+    /// it again, the id the cluster gave it).
     member_id: Option<u64>,
     starts: u32,
+    /// Removed from the membership by the `member` nemesis and not yet added again.
+    removed: bool,
+    /// After it was added again: the `--initial-cluster` it joins with (state `existing`).
+    join: Option<String>,
+    /// Extra environment variables of the process (the `clock` nemesis's libfaketime).
+    env: Vec<(String, String)>,
 }
 
 /// How to start the cluster.
@@ -169,6 +176,17 @@ fn send_signal(pid: u32, signal: &'static str) -> Result<(), ClusterError> {
         });
     }
     Ok(())
+}
+
+/// The true wall-clock time in seconds since the epoch, written into the marker line of every
+/// node start so that a node's own log timestamps can be compared with it (the `clock` nemesis
+/// skews them). The harness is not a replicated state machine, so the crate-wide ban on
+/// wall-clock reads (which protects apply) does not apply here.
+#[allow(clippy::disallowed_methods)]
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// The last `lines` lines of a log file (reads at most its last 64 KiB).
@@ -238,6 +256,9 @@ impl ProcessCluster {
                     paused: false,
                     member_id: None,
                     starts: 0,
+                    removed: false,
+                    join: None,
+                    env: Vec::new(),
                 }
             })
             .collect();
@@ -265,9 +286,16 @@ impl ProcessCluster {
         self.nodes.iter().map(|n| n.info.clone()).collect()
     }
 
+    /// Nodes that are members of the cluster (every node but one the `member` nemesis removed
+    /// and could not add again).
+    pub fn member_infos(&self) -> Vec<NodeInfo> {
+        self.nodes.iter().filter(|n| !n.removed).map(|n| n.info.clone()).collect()
+    }
+
     pub fn state(&self, i: usize) -> NodeState {
         let n = &self.nodes[i];
         match (&n.child, n.paused) {
+            (None, _) if n.removed => NodeState::Removed,
             (None, _) => NodeState::Down,
             (Some(_), true) => NodeState::Paused,
             (Some(_), false) => NodeState::Running,
@@ -275,7 +303,12 @@ impl ProcessCluster {
     }
 
     fn args(&self, i: usize) -> Vec<String> {
-        let n = &self.nodes[i].info;
+        let node = &self.nodes[i];
+        let n = &node.info;
+        let (cluster, state) = match &node.join {
+            Some(c) => (c.clone(), "existing"),
+            None => (self.initial_cluster.clone(), "new"),
+        };
         let mut a: Vec<String> = [
             ("name", n.name.clone()),
             ("data-dir", n.data_dir.display().to_string()),
@@ -283,8 +316,8 @@ impl ProcessCluster {
             ("advertise-client-urls", n.client_url.clone()),
             ("listen-peer-urls", n.peer_url.clone()),
             ("initial-advertise-peer-urls", n.peer_url.clone()),
-            ("initial-cluster", self.initial_cluster.clone()),
-            ("initial-cluster-state", "new".to_string()),
+            ("initial-cluster", cluster),
+            ("initial-cluster-state", state.to_string()),
         ]
         .into_iter()
         .flat_map(|(k, v)| [format!("--{k}"), v])
@@ -310,17 +343,21 @@ impl ProcessCluster {
             .open(&n.info.log)
             .map_err(|e| ClusterError::io(format!("opening {}", n.info.log.display()), e))?;
         n.starts += 1;
+        let env_text: Vec<String> = n.env.iter().map(|(k, v)| format!("{k}={v:?} ")).collect();
+        let unix = unix_now();
         writeln!(
             log,
-            "=== picket-jepsen: start #{} of {}: {} ===",
+            "=== picket-jepsen: start #{} of {} at unix {unix:.3}: {}{} ===",
             n.starts,
             n.info.name,
+            env_text.concat(),
             argv.join(" ")
         )
         .map_err(|e| ClusterError::io("writing the node log", e))?;
         let log2 = log.try_clone().map_err(|e| ClusterError::io("duplicating the log", e))?;
         let child = Command::new(&argv[0])
             .args(&argv[1..])
+            .envs(n.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log2)
             .stderr(log)
@@ -329,7 +366,41 @@ impl ProcessCluster {
         info!(node = %n.info.name, pid = child.id(), start = n.starts, "spawned node");
         n.child = Some(child);
         n.paused = false;
+        n.removed = false;
         Ok(())
+    }
+
+    /// Kills node `i` (if running), wipes its data directory and marks it removed from the
+    /// membership.
+    pub fn remove(&mut self, i: usize) -> Result<(), ClusterError> {
+        if self.nodes[i].child.is_some() {
+            self.kill(i)?;
+        }
+        let n = &mut self.nodes[i];
+        match std::fs::remove_dir_all(&n.info.data_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(ClusterError::io(format!("wiping {}", n.info.data_dir.display()), e))
+            }
+        }
+        info!(node = %n.info.name, "removed: data wiped");
+        n.removed = true;
+        n.member_id = None;
+        Ok(())
+    }
+
+    /// Starts removed node `i` as a member joining the cluster `initial_cluster`.
+    pub fn rejoin(
+        &mut self,
+        i: usize,
+        initial_cluster: &str,
+        member_id: u64,
+    ) -> Result<(), ClusterError> {
+        let n = &mut self.nodes[i];
+        n.join = Some(initial_cluster.to_string());
+        n.member_id = Some(member_id);
+        self.spawn(i)
     }
 
     /// The full command line of node `i`: `[setpriv --pdeathsig KILL --] [ip netns exec <ns>]
@@ -477,6 +548,11 @@ impl ProcessCluster {
     }
 
     /// Waits until every running node is ready, sharing one `timeout`.
+    /// Records node `i`'s member id (a node added again has a new one).
+    pub fn set_member_id(&mut self, i: usize, id: u64) {
+        self.nodes[i].member_id = Some(id);
+    }
+
     pub async fn wait_all_ready(&mut self, timeout: Duration) -> Result<(), ClusterError> {
         let deadline = Instant::now() + timeout;
         for i in 0..self.len() {
@@ -594,5 +670,36 @@ impl Faults for ProcessCluster {
             Some(net) => net.heal().map_err(|e| FaultError::Failed(e.to_string())),
             None => Ok(()),
         }
+    }
+
+    fn client_url(&self, i: usize) -> String {
+        self.nodes[i].info.client_url.clone()
+    }
+
+    fn peer_url(&self, i: usize) -> String {
+        self.nodes[i].info.peer_url.clone()
+    }
+
+    fn member_id(&self, i: usize) -> Option<u64> {
+        self.nodes[i].member_id
+    }
+
+    fn remove(&mut self, i: usize) -> Result<(), FaultError> {
+        ProcessCluster::remove(self, i).map_err(|e| FaultError::Failed(e.to_string()))
+    }
+
+    fn rejoin(
+        &mut self,
+        i: usize,
+        initial_cluster: &str,
+        member_id: u64,
+    ) -> Result<(), FaultError> {
+        ProcessCluster::rejoin(self, i, initial_cluster, member_id)
+            .map_err(|e| FaultError::Failed(e.to_string()))
+    }
+
+    fn set_env(&mut self, i: usize, env: Vec<(String, String)>) -> Result<(), FaultError> {
+        self.nodes[i].env = env;
+        Ok(())
     }
 }

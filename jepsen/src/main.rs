@@ -68,7 +68,8 @@ enum Cmd {
         #[arg(long, default_value = "register")]
         workload: String,
         /// Faults, comma-separated: `kill`, `pause`, `partition` (network-namespace mode only),
-        /// or `none`.
+        /// `member` (remove and re-add a node), `admin` (compaction, snapshots, defragment,
+        /// leader transfer), `clock` (a node under libfaketime), or `none`.
         #[arg(long, value_delimiter = ',', default_value = "kill,pause")]
         nemesis: Vec<String>,
         /// Seconds of workload (recovery, final reads and checking come on top).

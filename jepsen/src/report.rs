@@ -36,7 +36,7 @@ fn color(o: Outcome) -> &'static str {
 const PALETTE: &[&str] =
     &["#1e88e5", "#8e24aa", "#00897b", "#f4511e", "#6d4c41", "#3949ab", "#c0ca33", "#d81b60"];
 
-/// A fault window: from the fault's injection to the next heal.
+/// A fault window: from the fault's injection to the next heal (an `admin` action: the call).
 struct Window {
     from: u64,
     to: u64,
@@ -51,6 +51,12 @@ fn windows(ops: &[Op], end: u64) -> Vec<Window> {
             for w in out.iter_mut().filter(|w| w.to == u64::MAX) {
                 w.to = at;
             }
+        } else if op.f() == "admin" {
+            // Admin actions are not held and never healed: the window is the call itself.
+            let action = op.value().get("action").and_then(|a| a.as_str()).unwrap_or("?");
+            let label =
+                format!("admin {action} {}", op.value().get("outcome").unwrap_or(&"".into()));
+            out.push(Window { from: op.invoke.time, to: at, label });
         } else if op.value().get("skipped").is_none() {
             let v = op.value();
             let nodes =

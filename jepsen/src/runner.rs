@@ -194,6 +194,11 @@ impl TestOptions {
         if self.ops_per_key == 0 {
             return bad("--ops-per-key must be positive");
         }
+        if self.nemeses.iter().any(|n| n == "clock") {
+            if let Some(why) = nemesis::clock::unavailable_reason() {
+                return Err(RunError::Options(format!("the clock nemesis cannot run: {why}")));
+            }
+        }
         if !self.bin.is_file() {
             return Err(RunError::Options(format!(
                 "server binary {} does not exist",
@@ -271,13 +276,13 @@ fn record_nemesis(h: &HistoryWriter, f: &str, invoke: Value, done: Value) -> Res
 }
 
 /// Undoes every active fault and records what was done.
-fn heal_all(
+async fn heal_all(
     cluster: &mut ProcessCluster,
     nemeses: &mut [Box<dyn Nemesis>],
     h: &HistoryWriter,
 ) -> Result<(), RunError> {
     for n in nemeses.iter_mut() {
-        let events = n.heal(cluster)?;
+        let events = n.heal(cluster).await?;
         if events.is_empty() {
             continue;
         }
@@ -329,7 +334,7 @@ async fn run_nemesis(
                 EventDraft::new(EventType::Invoke, Process::Nemesis, name)
                     .value(json!({"leader": leader_name})),
             )?;
-            match nemeses[k].inject(cluster, &ctx, rng)? {
+            match nemeses[k].inject(cluster, &ctx, rng).await? {
                 Some(inj) => {
                     injected += 1;
                     info!(fault = name, value = %inj.event.value, "fault injected");
@@ -347,7 +352,7 @@ async fn run_nemesis(
                     )?;
                 }
             }
-            heal_all(cluster, nemeses, h)?;
+            heal_all(cluster, nemeses, h).await?;
             cluster.reap_unexpected();
             sleep_until(cycle_end).await;
         }
@@ -355,7 +360,7 @@ async fn run_nemesis(
     }
     .await;
     // Heal even when a fault failed, so the run can still recover and report.
-    let healed = heal_all(cluster, nemeses, h);
+    let healed = heal_all(cluster, nemeses, h).await;
     result?;
     healed?;
     Ok(injected)
@@ -576,14 +581,18 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
     opts.validate()?;
     std::fs::create_dir_all(&opts.out)
         .map_err(io_err(format!("creating {}", opts.out.display())))?;
-    let mut nemeses = nemesis::build(&opts.nemeses)?;
+    let mut nemeses = nemesis::build(&opts.nemeses, &opts.workload)?;
+    let mut extra_args: Vec<String> = Vec::new();
+    for n in &nemeses {
+        extra_args.extend(n.node_args());
+    }
     let mut cluster = ProcessCluster::create(ClusterConfig {
         target: opts.target,
         bin: opts.bin.clone(),
         nodes: opts.nodes,
         out: opts.out.clone(),
         log_level: opts.node_log_level.clone(),
-        extra_args: Vec::new(),
+        extra_args,
         network: opts.network.clone(),
     })?;
     let sha = git(&["rev-parse", "HEAD"]).unwrap_or_else(|| "unknown".to_string());
@@ -664,10 +673,18 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
             Vec::new(),
         ));
     }
-    // Restart crashed nodes so that recovery and agreement cover the whole cluster.
+    // Restart crashed nodes so that recovery and agreement cover the whole cluster. A node the
+    // `member` nemesis removed and could not add again is not a member: starting it would
+    // only fail, so it is left out of recovery, final reads and agreement, and said so.
     for i in 0..cluster.len() {
-        if cluster.state(i) == NodeState::Down {
-            cluster.spawn(i)?;
+        match cluster.state(i) {
+            NodeState::Down => cluster.spawn(i)?,
+            NodeState::Removed => notes.push(format!(
+                "node {} was removed from the cluster and could not be added again; the checks \
+                 cover the other nodes only",
+                cluster.info(i).name
+            )),
+            NodeState::Running | NodeState::Paused => {}
         }
     }
     if let Err(e) = cluster.wait_all_ready(RECOVERY_TIMEOUT).await {
@@ -682,7 +699,7 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
 
     info!("phase: final reads");
     let (final_counts, final_notes) =
-        workload.final_phase(&cluster.infos(), &env, opts.op_timeout).await?;
+        workload.final_phase(&cluster.member_infos(), &env, opts.op_timeout).await?;
     let unread = !final_notes.is_empty();
     notes.extend(final_notes);
 

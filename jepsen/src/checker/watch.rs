@@ -17,7 +17,9 @@
 //! - **compaction**: a start below a compaction that completed before the watch began is refused
 //!   with `canceled` and a `compact_revision` (`compacted-start-accepted`,
 //!   `compacted-without-revision`), and a refusal names a revision above the start and not above
-//!   any compaction requested so far (`spurious-compaction`);
+//!   any compaction requested so far (`spurious-compaction`). Compactions are the workload's
+//!   `compact` operations and the `admin` nemesis's (`admin` events with `action: compact`,
+//!   completed when their `outcome` is `ok`, requested unless it is `fail`);
 //! - **progress**: a progress notification at `P` comes after every known event in `[s, P]`,
 //!   and no later event is at or below `P` (`progress-ahead`).
 
@@ -27,7 +29,7 @@ use serde_json::Value;
 
 use super::keylog::{parse_item, LogEvent};
 use super::{Anomaly, CheckError, CheckResult};
-use crate::history::{Op, Outcome};
+use crate::history::{Op, Outcome, Process};
 
 /// How many missing revisions an anomaly lists.
 const SHOW: usize = 10;
@@ -58,6 +60,44 @@ fn prefix_of(op: &Op) -> String {
 }
 
 type Known = BTreeMap<(i64, String), (Option<String>, u64)>;
+
+/// A compaction that may have happened.
+struct Compaction {
+    revision: i64,
+    /// History index of its invocation.
+    invoked: u64,
+    /// History index of its completion, when it is known to have been applied.
+    completed: Option<u64>,
+}
+
+/// The compaction an operation requested, unless it definitely did not happen: the workload's
+/// `compact` and the `admin` nemesis's `compact` action.
+fn compaction(op: &Op) -> Option<Compaction> {
+    let ok_index = || (op.outcome() == Outcome::Ok).then(|| op.complete_index()).flatten();
+    match op.f() {
+        "compact" if op.outcome() != Outcome::Fail => Some(Compaction {
+            revision: op.invoke.value.get("revision").and_then(Value::as_i64)?,
+            invoked: op.invoke.index,
+            completed: ok_index(),
+        }),
+        "admin" if op.process() == Process::Nemesis => {
+            let v = op.value();
+            if v.get("action").and_then(Value::as_str) != Some("compact") {
+                return None;
+            }
+            let outcome = v.get("outcome").and_then(Value::as_str).unwrap_or("info");
+            if outcome == "fail" {
+                return None;
+            }
+            Some(Compaction {
+                revision: v.get("revision").and_then(Value::as_i64)?,
+                invoked: op.invoke.index,
+                completed: if outcome == "ok" { op.complete_index() } else { None },
+            })
+        }
+        _ => None,
+    }
+}
 
 /// Adds an observation of (revision, key) to the final history, reporting a disagreement.
 fn observe(
@@ -93,7 +133,7 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
     // Values each put could have written (not `fail`), and the final history.
     let mut writable: HashSet<&str> = HashSet::new();
     let mut known: Known = BTreeMap::new();
-    let mut compacts: Vec<(i64, &Op)> = Vec::new();
+    let compacts: Vec<Compaction> = ops.iter().filter_map(compaction).collect();
     for op in ops {
         match (op.f(), op.outcome()) {
             ("put", o) if o != Outcome::Fail => {
@@ -106,11 +146,6 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
                     if let (Some(rev), Some(k), Some(at)) = (rev, op.key(), op.complete_index()) {
                         observe(&mut known, rev, k, val, at, &mut anomalies);
                     }
-                }
-            }
-            ("compact", o) if o != Outcome::Fail => {
-                if let Some(r) = op.invoke.value.get("revision").and_then(Value::as_i64) {
-                    compacts.push((r, op));
                 }
             }
             _ => {}
@@ -179,7 +214,7 @@ impl Short for Op {
 fn check_one(
     w: &Op,
     known: &Known,
-    compacts: &[(i64, &Op)],
+    compacts: &[Compaction],
     anomalies: &mut Vec<Anomaly>,
     gaps: &mut usize,
 ) {
@@ -211,14 +246,14 @@ fn check_one(
     // Compaction.
     let compacted_before = compacts
         .iter()
-        .filter(|(_, c)| c.outcome() == Outcome::Ok && c.complete_index() < Some(w.invoke.index))
-        .map(|(r, _)| *r)
+        .filter(|c| c.completed.is_some_and(|i| i < w.invoke.index))
+        .map(|c| c.revision)
         .max()
         .unwrap_or(0);
     let requested_by_end = compacts
         .iter()
-        .filter(|(_, c)| Some(c.invoke.index) < w.complete_index())
-        .map(|(r, _)| *r)
+        .filter(|c| Some(c.invoked) < w.complete_index())
+        .map(|c| c.revision)
         .max()
         .unwrap_or(0);
     let progressed = its.iter().any(|i| matches!(i, Item::Progress(_)));

@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 
 use crate::checker::{check_history, Budget, CheckResult, Validity};
-use crate::history::HistoryBuilder;
+use crate::history::{EventType, HistoryBuilder};
 
 fn check(h: &HistoryBuilder) -> CheckResult {
     check_history("watch", &h.events(), &Budget::default()).unwrap().checkers["watch"].clone()
@@ -154,4 +154,41 @@ fn phantom_and_inconsistent_events_are_rejected() {
     let r = check(&h);
     assert_anomaly(&r, "phantom-event");
     assert_anomaly(&r, "inconsistent-event");
+}
+
+#[test]
+fn admin_nemesis_compactions_count() {
+    let admin = |h: &mut HistoryBuilder, outcome: &str| {
+        h.nemesis(EventType::Invoke, "admin", json!({"leader": "n1"}));
+        h.nemesis(
+            EventType::Info,
+            "admin",
+            json!({"action": "compact", "revision": 3, "outcome": outcome, "nodes": ["n1"]}),
+        );
+    };
+    // A start below a compaction the nemesis completed must be refused.
+    let mut h = HistoryBuilder::new();
+    puts(&mut h, &[2, 3, 4]);
+    admin(&mut h, "ok");
+    watch(&mut h, 1, 2, vec![ev(3), ev(4)]);
+    assert_anomaly(&check(&h), "compacted-start-accepted");
+    // Refused with its revision: valid.
+    let mut h = HistoryBuilder::new();
+    puts(&mut h, &[2, 3, 4]);
+    admin(&mut h, "ok");
+    watch_ext(&mut h, 1, 2, None, vec![], true, 3);
+    assert_eq!(check(&h).valid, Validity::Valid, "{:#?}", check(&h));
+    // A compaction with an unknown outcome may explain a refusal but does not require one.
+    let mut h = HistoryBuilder::new();
+    puts(&mut h, &[2, 3, 4]);
+    admin(&mut h, "info");
+    watch_ext(&mut h, 1, 2, None, vec![], true, 3);
+    watch(&mut h, 2, 2, vec![ev(2), ev(3), ev(4)]);
+    assert_eq!(check(&h).valid, Validity::Valid, "{:#?}", check(&h));
+    // A failed one explains nothing.
+    let mut h = HistoryBuilder::new();
+    puts(&mut h, &[2, 3, 4]);
+    admin(&mut h, "fail");
+    watch_ext(&mut h, 1, 2, None, vec![], true, 3);
+    assert_anomaly(&check(&h), "spurious-compaction");
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 
 use super::process::{self, ProcessFault};
-use super::{FaultContext, FaultError, FaultEvent, Faults, Injected, Nemesis, NodeState, Targets};
+use super::{FaultContext, FaultEvent, FaultFuture, Faults, Injected, Nemesis, NodeState, Targets};
 
 /// How long killed nodes stay down: long enough for the survivors to notice (an election
 /// timeout is 1-2 s by default) and to move on, short enough to leave time for more faults.
@@ -24,8 +24,9 @@ const KILL: ProcessFault = ProcessFault {
         (90, Targets::Minority),
         (100, Targets::All),
     ],
-    // Killing a paused node works too (SIGKILL ends a stopped process).
-    applies_to: |s| s != NodeState::Down,
+    // Killing a paused node works too (SIGKILL ends a stopped process). A node the `member`
+    // nemesis removed has no process.
+    applies_to: |s| matches!(s, NodeState::Running | NodeState::Paused),
     hold: (DOWN_MIN, DOWN_MAX),
     apply: |env, i| env.kill(i),
 };
@@ -40,17 +41,19 @@ impl Nemesis for KillNemesis {
         "kill"
     }
 
-    fn inject(
-        &mut self,
-        env: &mut dyn Faults,
-        ctx: &FaultContext,
-        rng: &mut StdRng,
-    ) -> Result<Option<Injected>, FaultError> {
-        KILL.inject(env, ctx, rng, &mut self.down)
+    fn inject<'a>(
+        &'a mut self,
+        env: &'a mut dyn Faults,
+        ctx: &'a FaultContext,
+        rng: &'a mut StdRng,
+    ) -> FaultFuture<'a, Option<Injected>> {
+        let r = KILL.inject(env, ctx, rng, &mut self.down);
+        Box::pin(std::future::ready(r))
     }
 
-    fn heal(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
+    fn heal<'a>(&'a mut self, env: &'a mut dyn Faults) -> FaultFuture<'a, Vec<FaultEvent>> {
         let down = std::mem::take(&mut self.down);
-        process::undo(env, down, NodeState::Down, |env, i| env.restart(i), "restart")
+        let r = process::undo(env, down, NodeState::Down, |env, i| env.restart(i), "restart");
+        Box::pin(std::future::ready(r))
     }
 }

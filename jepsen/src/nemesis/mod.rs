@@ -8,16 +8,26 @@
 //! - [`Nemesis`] chooses a fault (which node, how long) and undoes it. [`kill::KillNemesis`] and
 //!   [`pause::PauseNemesis`] use only process faults (through the shared
 //!   [`process::ProcessFault`] helper); [`partition::PartitionNemesis`] uses [`Faults::cut`].
+//!   The cluster-level nemeses talk to the cluster through the etcd API as well, which is why
+//!   [`Nemesis`]'s methods return futures: [`member::MemberNemesis`] (MemberRemove, stop, wipe,
+//!   MemberAdd, start as a joining member), [`admin::AdminNemesis`] (compaction, snapshots,
+//!   defragmentation, leader transfer) and [`clock::ClockNemesis`] (a node restarted under
+//!   libfaketime).
 //!
 //! The runner drives the schedule: warm-up, then one fault at a time (inject, hold, heal) every
 //! 5-10 s, then heal everything. It records every fault and heal in the history as `nemesis`
 //! events.
 
+pub mod admin;
+pub mod clock;
 pub mod kill;
+pub mod member;
 pub mod partition;
 pub mod pause;
 pub mod process;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -36,6 +46,9 @@ pub enum NodeState {
     Paused,
     /// Never started, killed, or exited.
     Down,
+    /// Removed from the cluster by the `member` nemesis: process stopped, data wiped, not a
+    /// member until it is added again.
+    Removed,
 }
 
 #[derive(Debug, Error)]
@@ -44,7 +57,7 @@ pub enum FaultError {
     /// The environment cannot inject this fault (e.g. a partition in loopback mode).
     #[error("{fault} is not supported in {mode} mode")]
     Unsupported { fault: &'static str, mode: &'static str },
-    #[error("unknown nemesis {0:?} (known: kill, pause, partition, none)")]
+    #[error("unknown nemesis {0:?} (known: kill, pause, partition, member, admin, clock, none)")]
     UnknownNemesis(String),
     /// A primitive fault failed (a signal could not be sent, a process could not be spawned).
     #[error("{0}")]
@@ -80,6 +93,36 @@ pub trait Faults {
     fn heal_network(&mut self) -> Result<(), FaultError> {
         Ok(())
     }
+    /// The node's client URL (for the nemeses that use the etcd API).
+    fn client_url(&self, i: usize) -> String;
+    /// The node's peer URL, by which membership identifies it.
+    fn peer_url(&self, i: usize) -> String;
+    /// The node's member id, as last reported by the node or the cluster.
+    fn member_id(&self, i: usize) -> Option<u64>;
+    /// Takes node `i` out of the cluster's processes after it was removed from the membership:
+    /// SIGKILL if running, wipe its data directory, state [`NodeState::Removed`].
+    fn remove(&mut self, i: usize) -> Result<(), FaultError> {
+        let _ = i;
+        Err(FaultError::Unsupported { fault: "member", mode: self.mode() })
+    }
+    /// Starts removed node `i` as a new member with id `member_id` joining the running cluster
+    /// (`--initial-cluster-state existing --initial-cluster <initial_cluster>`). Later restarts
+    /// use the same flags (both servers then ignore them in favour of the data directory).
+    fn rejoin(
+        &mut self,
+        i: usize,
+        initial_cluster: &str,
+        member_id: u64,
+    ) -> Result<(), FaultError> {
+        let _ = (i, initial_cluster, member_id);
+        Err(FaultError::Unsupported { fault: "member", mode: self.mode() })
+    }
+    /// Environment variables added to node `i`'s process from its next start on (an empty list
+    /// removes them). Does not restart it.
+    fn set_env(&mut self, i: usize, env: Vec<(String, String)>) -> Result<(), FaultError> {
+        let _ = (i, env);
+        Err(FaultError::Unsupported { fault: "clock", mode: self.mode() })
+    }
 }
 
 /// Facts the runner gathers (asynchronously) before a fault is chosen.
@@ -103,30 +146,44 @@ pub struct Injected {
     pub hold: Duration,
 }
 
+/// What [`Nemesis`] methods return: a future polled by the runner's schedule (on the main
+/// thread, so it need not be `Send`).
+pub type FaultFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, FaultError>> + 'a>>;
+
 /// Chooses, injects and heals one kind of fault.
 pub trait Nemesis: Send {
     fn name(&self) -> &'static str;
     /// Chooses and injects one fault. `Ok(None)` means there was nothing to break (for example
     /// every node is already down).
-    fn inject(
-        &mut self,
-        env: &mut dyn Faults,
-        ctx: &FaultContext,
-        rng: &mut StdRng,
-    ) -> Result<Option<Injected>, FaultError>;
+    fn inject<'a>(
+        &'a mut self,
+        env: &'a mut dyn Faults,
+        ctx: &'a FaultContext,
+        rng: &'a mut StdRng,
+    ) -> FaultFuture<'a, Option<Injected>>;
     /// Undoes every fault this nemesis injected and has not healed yet. Idempotent.
-    fn heal(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError>;
+    fn heal<'a>(&'a mut self, env: &'a mut dyn Faults) -> FaultFuture<'a, Vec<FaultEvent>>;
+    /// Server flags this nemesis needs on every node (e.g. a low `--snapshot-count`).
+    fn node_args(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
-/// Builds the nemeses named on the command line (`kill`, `pause`, `partition`; `none` for no
-/// faults).
-pub fn build(names: &[String]) -> Result<Vec<Box<dyn Nemesis>>, FaultError> {
+/// Builds the nemeses named on the command line (`kill`, `pause`, `partition`, `member`,
+/// `admin`, `clock`; `none` for no faults). `workload` decides whether `admin` may compact:
+/// the lock and lease checkers need the key-event log from revision 1.
+pub fn build(names: &[String], workload: &str) -> Result<Vec<Box<dyn Nemesis>>, FaultError> {
     let mut out: Vec<Box<dyn Nemesis>> = Vec::new();
     for n in names {
         match n.as_str() {
             "kill" => out.push(Box::new(kill::KillNemesis::default())),
             "pause" => out.push(Box::new(pause::PauseNemesis::default())),
             "partition" => out.push(Box::new(partition::PartitionNemesis::default())),
+            "member" => out.push(Box::new(member::MemberNemesis::default())),
+            "admin" => {
+                out.push(Box::new(admin::AdminNemesis::new(admin::compaction_allowed(workload))))
+            }
+            "clock" => out.push(Box::new(clock::ClockNemesis::default())),
             "none" => {}
             other => return Err(FaultError::UnknownNemesis(other.to_string())),
         }

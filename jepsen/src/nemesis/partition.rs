@@ -30,7 +30,9 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use serde_json::json;
 
-use super::{between, names, FaultContext, FaultError, FaultEvent, Faults, Injected, Nemesis};
+use super::{
+    between, names, FaultContext, FaultError, FaultEvent, FaultFuture, Faults, Injected, Nemesis,
+};
 
 const HOLD_MIN: Duration = Duration::from_secs(5);
 const HOLD_MAX: Duration = Duration::from_secs(10);
@@ -134,12 +136,8 @@ pub struct PartitionNemesis {
     active: bool,
 }
 
-impl Nemesis for PartitionNemesis {
-    fn name(&self) -> &'static str {
-        "partition"
-    }
-
-    fn inject(
+impl PartitionNemesis {
+    fn inject_now(
         &mut self,
         env: &mut dyn Faults,
         ctx: &FaultContext,
@@ -175,13 +173,34 @@ impl Nemesis for PartitionNemesis {
         }))
     }
 
-    fn heal(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
+    fn heal_now(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
         if !self.active {
             return Ok(Vec::new());
         }
         env.heal_network()?;
         self.active = false;
         Ok(vec![FaultEvent { f: "heal-network".to_string(), value: json!({"rules": "flushed"}) }])
+    }
+}
+
+impl Nemesis for PartitionNemesis {
+    fn name(&self) -> &'static str {
+        "partition"
+    }
+
+    fn inject<'a>(
+        &'a mut self,
+        env: &'a mut dyn Faults,
+        ctx: &'a FaultContext,
+        rng: &'a mut StdRng,
+    ) -> FaultFuture<'a, Option<Injected>> {
+        let r = self.inject_now(env, ctx, rng);
+        Box::pin(std::future::ready(r))
+    }
+
+    fn heal<'a>(&'a mut self, env: &'a mut dyn Faults) -> FaultFuture<'a, Vec<FaultEvent>> {
+        let r = self.heal_now(env);
+        Box::pin(std::future::ready(r))
     }
 }
 

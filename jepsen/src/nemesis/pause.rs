@@ -10,7 +10,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 
 use super::process::{self, ProcessFault};
-use super::{FaultContext, FaultError, FaultEvent, Faults, Injected, Nemesis, NodeState, Targets};
+use super::{FaultContext, FaultEvent, FaultFuture, Faults, Injected, Nemesis, NodeState, Targets};
 
 /// Pause length: from past one maximal election timeout (2 s) to several.
 const PAUSE_MIN: Duration = Duration::from_millis(2500);
@@ -34,17 +34,19 @@ impl Nemesis for PauseNemesis {
         "pause"
     }
 
-    fn inject(
-        &mut self,
-        env: &mut dyn Faults,
-        ctx: &FaultContext,
-        rng: &mut StdRng,
-    ) -> Result<Option<Injected>, FaultError> {
-        PAUSE.inject(env, ctx, rng, &mut self.paused)
+    fn inject<'a>(
+        &'a mut self,
+        env: &'a mut dyn Faults,
+        ctx: &'a FaultContext,
+        rng: &'a mut StdRng,
+    ) -> FaultFuture<'a, Option<Injected>> {
+        let r = PAUSE.inject(env, ctx, rng, &mut self.paused);
+        Box::pin(std::future::ready(r))
     }
 
-    fn heal(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
+    fn heal<'a>(&'a mut self, env: &'a mut dyn Faults) -> FaultFuture<'a, Vec<FaultEvent>> {
         let paused = std::mem::take(&mut self.paused);
-        process::undo(env, paused, NodeState::Paused, |env, i| env.resume(i), "resume")
+        let r = process::undo(env, paused, NodeState::Paused, |env, i| env.resume(i), "resume");
+        Box::pin(std::future::ready(r))
     }
 }
