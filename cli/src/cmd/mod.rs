@@ -48,6 +48,17 @@ impl Ctx {
 
 pub async fn run(cli: Cli) -> Result<u8> {
     let ctx = Ctx { global: cli.global };
+    // Commands that run until Ctrl-C catch it from the start (see `signals::install`).
+    if matches!(
+        cli.command,
+        Command::Watch(_)
+            | Command::Lease(_)
+            | Command::Lock(_)
+            | Command::Elect(_)
+            | Command::LocalCluster(_)
+    ) {
+        signals::install()?;
+    }
     match cli.command {
         Command::Put(a) => kv::put(&ctx, a).await,
         Command::Get(a) => kv::get(&ctx, a).await,

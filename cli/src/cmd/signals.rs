@@ -1,17 +1,42 @@
 //! Signals: waiting for Ctrl-C or SIGTERM, and stopping a child process with SIGTERM then,
 //! after a bounded grace period, SIGKILL.
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use rustix::process::{kill_process, Pid, Signal};
 use tokio::process::Child;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal as SignalStream, SignalKind};
 
-/// Resolves on the first SIGINT (Ctrl-C) or SIGTERM; returns the signal's number.
+/// The SIGINT and SIGTERM streams, made once by [`install`].
+static STREAMS: OnceLock<tokio::sync::Mutex<(SignalStream, SignalStream)>> = OnceLock::new();
+
+/// Registers the SIGINT and SIGTERM handlers now. Long-running commands call this before they
+/// print anything a caller may react to: a signal sent right after that output must be seen
+/// (and must not kill the process with the default action), and a stream made later would not
+/// see a signal delivered before it existed. Short commands do not call it, so Ctrl-C still
+/// ends them at once.
+pub fn install() -> Result<()> {
+    if STREAMS.get().is_none() {
+        let int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        // Commands run on one task; if two ever raced here, the loser's streams are dropped
+        // and the winner's (registered as early) serve both.
+        let _ = STREAMS.set(tokio::sync::Mutex::new((int, term)));
+    }
+    Ok(())
+}
+
+/// Resolves on the first SIGINT (Ctrl-C) or SIGTERM since [`install`] (called here if it was
+/// not yet); returns the signal's number.
 pub async fn interrupted() -> Result<i32> {
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    install()?;
+    let Some(streams) = STREAMS.get() else {
+        anyhow::bail!("signal handlers not installed");
+    };
+    let mut guard = streams.lock().await;
+    let (int, term) = &mut *guard;
     Ok(tokio::select! {
         _ = int.recv() => 2,
         _ = term.recv() => 15,
