@@ -106,6 +106,30 @@ pub struct Config {
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax (e.g. `info`, `picket_server=debug`).
     #[arg(long = "log-level", env = "PICKET_LOG_LEVEL", default_value = "info,openraft=warn")]
     pub log_level: String,
+
+    /// `text` for human-readable log lines, `json` for one JSON object per line (for log
+    /// shippers). Logs go to stderr either way.
+    #[arg(long = "log-format", env = "PICKET_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Comma-separated URLs to serve `/metrics` (Prometheus), `/health`, `/readyz` and `/livez`
+    /// on, e.g. `http://127.0.0.1:2381`. None by default, as in etcd. Port 0 picks a free port,
+    /// which is logged ("serving metrics").
+    #[arg(long = "listen-metrics-urls", env = "PICKET_LISTEN_METRICS_URLS", default_value = "")]
+    pub listen_metrics_urls: String,
+
+    /// How long a SIGTERMed leader may spend handing leadership to another member before it
+    /// stops anyway. Accepts `500ms`, `5s`. Defaults to 2 s plus 3 election timeouts: a
+    /// transfer takes one leader lease (3/4 of an election timeout) plus one election.
+    #[arg(long = "shutdown-transfer-timeout", env = "PICKET_SHUTDOWN_TRANSFER_TIMEOUT", value_parser = parse_duration)]
+    pub shutdown_transfer_timeout: Option<Duration>,
+}
+
+/// The format of log lines (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Error)]
@@ -199,6 +223,26 @@ impl Config {
             .collect()
     }
 
+    pub fn metrics_listen_addrs(&self) -> Result<Vec<SocketAddr>, ConfigError> {
+        split_urls(&self.listen_metrics_urls)
+            .iter()
+            .map(|u| url_to_addr("listen-metrics-urls", u))
+            .collect()
+    }
+
+    /// The bound on leader transfer at shutdown (see `--shutdown-transfer-timeout`).
+    pub fn shutdown_transfer_timeout(&self) -> Duration {
+        self.shutdown_transfer_timeout
+            .unwrap_or_else(|| Duration::from_secs(2) + 3 * self.election_timeout())
+    }
+
+    /// How long `/health`'s linearizable read may take: one election timeout. A healthy leader
+    /// confirms a read index in one heartbeat round trip, far below that; a member that cannot
+    /// do so within an election timeout is about to see an election or cut off from a quorum.
+    pub fn health_read_timeout(&self) -> Duration {
+        self.election_timeout()
+    }
+
     pub fn advertise_client_urls(&self) -> Vec<String> {
         split_urls(self.advertise_client_urls.as_deref().unwrap_or(&self.listen_client_urls))
     }
@@ -256,6 +300,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.client_listen_addrs()?;
         self.peer_listen_addrs()?;
+        self.metrics_listen_addrs()?;
         for u in self.advertise_peer_urls() {
             url_to_addr("initial-advertise-peer-urls", &u)?;
         }
@@ -345,5 +390,27 @@ mod tests {
         assert!(matches!(bad.validate(), Err(ConfigError::BadUrl { .. })));
         let bad = parse(&["--election-timeout", "200"]);
         assert!(matches!(bad.validate(), Err(ConfigError::BadTimeouts { .. })));
+        let bad = parse(&["--listen-metrics-urls", "http://127.0.0.1"]);
+        assert!(matches!(bad.validate(), Err(ConfigError::BadUrl { .. })));
+    }
+
+    #[test]
+    fn observability_flags() {
+        let c = parse(&[]);
+        assert!(c.metrics_listen_addrs().expect("none").is_empty());
+        assert_eq!(c.log_format, LogFormat::Text);
+        assert_eq!(c.shutdown_transfer_timeout(), Duration::from_secs(5));
+        let c = parse(&[
+            "--listen-metrics-urls",
+            "http://127.0.0.1:2381,http://127.0.0.1:0",
+            "--log-format",
+            "json",
+            "--shutdown-transfer-timeout",
+            "1s",
+        ]);
+        c.validate().expect("valid");
+        assert_eq!(c.metrics_listen_addrs().expect("addrs").len(), 2);
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.shutdown_transfer_timeout(), Duration::from_secs(1));
     }
 }

@@ -6,6 +6,7 @@
 //! - [`storage`]: RocksDB engine, the Raft log store, the state machine (decode and dispatch
 //!   only) and snapshots.
 //! - [`watch`]: event selection for watchers, fed from apply.
+//! - [`metrics`]: Prometheus metrics and the HTTP health endpoints (`--listen-metrics-urls`).
 //! - [`restore`]: offline restore of a snapshot file into a data dir for a new cluster.
 //! - [`mvcc`], [`lease`]: the replicated data model. They never import openraft and never read
 //!   clocks, so apply is deterministic.
@@ -14,6 +15,7 @@ pub mod api;
 pub mod concurrency;
 pub mod config;
 pub mod lease;
+pub mod metrics;
 pub mod mvcc;
 pub mod node;
 pub mod raft;

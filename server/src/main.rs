@@ -4,28 +4,45 @@ use std::io::IsTerminal;
 
 use anyhow::Context;
 use clap::Parser;
-use picket_server::config::Config;
+use picket_server::config::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cfg = Config::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_new(&cfg.log_level).context("--log-level")?)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    let filter = EnvFilter::try_new(&cfg.log_level).context("--log-level")?;
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cfg.log_format {
+        // One JSON object per line; the event's fields (`message`, `node_id`, ...) stay nested
+        // under `fields`, because flattening them would let a field named `target` or `level`
+        // collide with the line's own keys.
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
     let mut node = picket_server::node::start(cfg).await.context("starting picketd")?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+    let graceful = tokio::select! {
+        _ = tokio::signal::ctrl_c() => {
+            tracing::info!("SIGINT: shutting down");
+            true
+        }
+        _ = term.recv() => {
+            tracing::info!("SIGTERM: shutting down");
+            true
+        }
         res = node.wait() => {
             if let Some(Err(e)) = res {
                 tracing::error!(error = %e, "a server stopped");
             }
+            false
         }
+    };
+    if graceful {
+        // A leader hands over leadership first (bounded by --shutdown-transfer-timeout).
+        node.graceful_shutdown().await;
+    } else {
+        // A server already stopped (an error, or this member was removed): nothing to hand on.
+        node.shutdown().await;
     }
-    node.shutdown().await;
     Ok(())
 }

@@ -28,15 +28,19 @@ use crate::api::maintenance::MaintenanceService;
 use crate::api::watch::WatchService;
 use crate::api::Ctx;
 use crate::config::{Config, ConfigError};
+use crate::metrics::grpc::GrpcMetricsLayer;
+use crate::metrics::http::HttpState;
+use crate::metrics::{Metrics, MetricsError};
 use crate::raft::bootstrap;
 use crate::raft::identity::{self, IdentityError};
 use crate::raft::membership::{ClusterControl, ClusterPeerService};
 use crate::raft::network::Network;
 use crate::raft::proposer::Proposer;
 use crate::raft::service::PeerService;
+use crate::raft::transfer::{self, ShutdownTransfer};
 use crate::raft::types::{NodeId, Raft};
 use crate::storage::log_store::LogStore;
-use crate::storage::rocks::RocksEngine;
+use crate::storage::rocks::{OpenError, RocksEngine};
 use crate::storage::state_machine::StateMachine;
 
 /// gRPC framing and header overhead allowed on top of `--max-request-bytes`, as etcd does, so
@@ -54,6 +58,17 @@ pub enum NodeError {
     DataDir(std::io::Error),
     #[error("storage: {0}")]
     Engine(#[from] crate::storage::engine::EngineError),
+    /// The store failed its checks at startup ([`RocksEngine::open_verified`]). The member
+    /// refuses to start rather than serve data that may differ from its peers'.
+    #[error(
+        "refusing to start: the data directory {} is corrupt ({detail}). This member will not \
+         serve from it, because its data may differ from its peers'. The peers still hold the \
+         data: remove this member (`etcdctl member remove`), move its data directory aside, \
+         and add it back (`etcdctl member add`, then start it with \
+         --initial-cluster-state existing); or restore the directory from a backup",
+        data_dir.display()
+    )]
+    CorruptDataDir { data_dir: std::path::PathBuf, detail: String },
     #[error("raft storage: {0}")]
     RaftStorage(#[from] crate::raft::types::StorageError),
     #[error("raft: {0}")]
@@ -62,6 +77,8 @@ pub enum NodeError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error("member identity: {0}")]
     Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
 }
 
 /// A running member. Dropping it does not stop it; call [`RunningNode::shutdown`].
@@ -69,17 +86,61 @@ pub struct RunningNode {
     pub node_id: NodeId,
     pub raft: Raft,
     pub ctx: Arc<Ctx>,
+    pub metrics: Arc<Metrics>,
+    /// Where `/metrics` and the health endpoints are served (`--listen-metrics-urls`, with
+    /// port 0 resolved).
+    pub metrics_addrs: Vec<SocketAddr>,
+    control: ClusterControl,
+    shutdown_transfer_timeout: std::time::Duration,
     stop: watch::Sender<bool>,
     servers: JoinSet<Result<(), tonic::transport::Error>>,
+    http_servers: JoinSet<std::io::Result<()>>,
 }
 
 impl RunningNode {
+    /// Stops the member as an operator's SIGTERM asks: a leader first hands leadership to
+    /// another member (bounded by `--shutdown-transfer-timeout`), so the cluster keeps serving
+    /// without waiting out an election timeout; then [`RunningNode::shutdown`].
+    pub async fn graceful_shutdown(self) {
+        let deadline = tokio::time::Instant::now() + self.shutdown_transfer_timeout;
+        match transfer::transfer_for_shutdown(&self.control, deadline).await {
+            ShutdownTransfer::NotLeader | ShutdownTransfer::OnlyVoter => {}
+            ShutdownTransfer::Transferred(target) => {
+                tracing::info!(
+                    node_id = self.node_id,
+                    target,
+                    "transferred leadership before shutdown"
+                )
+            }
+            ShutdownTransfer::NoQuorum => tracing::warn!(
+                node_id = self.node_id,
+                "leader without a quorum: stopping without transferring leadership"
+            ),
+            ShutdownTransfer::NoTarget => tracing::warn!(
+                node_id = self.node_id,
+                "no other voter answered: stopping without transferring leadership"
+            ),
+            ShutdownTransfer::Failed(target, e) => tracing::warn!(
+                node_id = self.node_id,
+                target,
+                error = %e,
+                "leader transfer before shutdown failed; stopping anyway"
+            ),
+        }
+        self.shutdown().await;
+    }
+
     /// Stops serving and shuts Raft down.
     pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
         while let Some(res) = self.servers.join_next().await {
             if let Ok(Err(e)) = res {
                 tracing::warn!(error = %e, "server stopped with error");
+            }
+        }
+        while let Some(res) = self.http_servers.join_next().await {
+            if let Ok(Err(e)) = res {
+                tracing::warn!(error = %e, "metrics server stopped with error");
             }
         }
         if let Err(e) = self.raft.shutdown().await {
@@ -122,11 +183,22 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         identity::resolve(&cfg, &members, &data_dir).await?;
     tracing::info!(node_id, cluster_id, name = %cfg.name, data_dir = %data_dir.display(), "starting picketd");
 
-    let engine = RocksEngine::open(data_dir.join("db"))?;
+    let engine = match RocksEngine::open_verified(data_dir.join("db")) {
+        Ok(engine) => engine,
+        Err(OpenError::Corrupt { detail, .. }) => {
+            let err = NodeError::CorruptDataDir { data_dir: data_dir.clone(), detail };
+            // Logged as well as returned, so the reason is in the structured log an operator
+            // searches, not only in the process's last words on stderr.
+            tracing::error!(node_id, error = %err, "corrupt data directory");
+            return Err(err);
+        }
+        Err(OpenError::Engine(e)) => return Err(e.into()),
+    };
     let log_store = LogStore::new(engine.db().clone());
     let sm = StateMachine::open(engine.clone(), data_dir.join("snapshots"))?;
     let shared = sm.shared().clone();
 
+    let metrics = Arc::new(Metrics::new(node_id)?);
     let raft_config = bootstrap::raft_config(&cfg)?;
     let raft = Raft::new(node_id, raft_config, Network::default(), log_store, sm)
         .await
@@ -140,12 +212,14 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         max_request_bytes: cfg.max_request_bytes,
         max_txn_ops: cfg.max_txn_ops,
         lease_leader: LeaseLeader::default(),
+        metrics: metrics.clone(),
     });
 
     // Bind everything before initializing, so a port conflict fails the start cleanly and
     // peers can reach us as soon as an election begins.
     let peer_listeners = bind_all(&cfg.peer_listen_addrs()?).await?;
     let client_listeners = bind_all(&cfg.client_listen_addrs()?).await?;
+    let metrics_listeners = bind_all(&cfg.metrics_listen_addrs()?).await?;
     let (stop, stop_rx) = watch::channel(false);
     let mut servers = JoinSet::new();
     let leader_lease = std::time::Duration::from_millis(raft.config().election_timeout_max);
@@ -201,6 +275,8 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         let mut stop_rx = stop_rx.clone();
         servers.spawn(
             tonic::transport::Server::builder()
+                // Outermost, so calls the gate refuses are counted too.
+                .layer(GrpcMetricsLayer::new(metrics.clone()))
                 .layer(tonic::service::InterceptorLayer::new(request_gate(control.clone())))
                 .add_service(health_service.clone())
                 .add_service(ClusterServer::new(ClusterService::new(ctx.clone(), control.clone())))
@@ -229,13 +305,44 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
     }
+    let http_state = Arc::new(HttpState {
+        metrics: metrics.clone(),
+        ctx: ctx.clone(),
+        control: control.clone(),
+        read_timeout: cfg.health_read_timeout(),
+    });
+    let mut http_servers = JoinSet::new();
+    let mut metrics_addrs = Vec::new();
+    for l in metrics_listeners {
+        // A bound listener always has a local address; the error arm is only for the type.
+        match l.local_addr() {
+            Ok(addr) => {
+                tracing::info!(node_id, addr = %addr, "serving metrics");
+                metrics_addrs.push(addr);
+            }
+            Err(e) => tracing::warn!(error = %e, "metrics listener has no local address"),
+        }
+        http_servers.spawn(crate::metrics::http::serve(l, http_state.clone(), stop_rx.clone()));
+    }
+    tokio::spawn(crate::metrics::raft::follow(metrics.clone(), raft.clone(), stop_rx.clone()));
     tokio::spawn(crate::api::lease::run_expiry(ctx.clone(), stop_rx.clone()));
     tokio::spawn(crate::raft::member_tasks::publish(
         control.clone(),
         cfg.name.clone(),
         cfg.advertise_client_urls(),
     ));
-    tokio::spawn(crate::raft::member_tasks::watch_removal(control, health_reporter));
+    tokio::spawn(crate::raft::member_tasks::watch_removal(control.clone(), health_reporter));
     tracing::info!(node_id, client_urls = ?cfg.advertise_client_urls(), "picketd serving");
-    Ok(RunningNode { node_id, raft, ctx, stop, servers })
+    Ok(RunningNode {
+        node_id,
+        raft,
+        ctx,
+        metrics,
+        metrics_addrs,
+        control,
+        shutdown_transfer_timeout: cfg.shutdown_transfer_timeout(),
+        stop,
+        servers,
+        http_servers,
+    })
 }

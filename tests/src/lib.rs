@@ -11,6 +11,8 @@
 //! - [`etcdctl`]: runs `etcdctl` with a bounded wait and captures its output.
 //! - [`util`]: bounded polling, gRPC status assertions and readable key-value summaries.
 //! - [`watch`]: bounded reads of watch streams and readable watch responses and events.
+//! - [`writer`]: a background write load whose acknowledged, refused and indeterminate writes
+//!   are checked exactly afterwards, and a HashKV agreement check.
 //!
 //! Because the flags are etcd's, the same suite runs against the reference implementation with
 //! `PICKETD_BIN=/usr/bin/etcd`; that is how the expectations in these tests were checked.
@@ -23,6 +25,7 @@ pub mod cluster;
 pub mod etcdctl;
 pub mod util;
 pub mod watch;
+pub mod writer;
 
 pub use cluster::{Cluster, ClusterOptions};
 pub use util::{assert_status, eventually, kvs, Kv};

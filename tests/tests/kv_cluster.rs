@@ -7,16 +7,14 @@
 //! acknowledged write must be present with its exact value and revision, and a failed write may
 //! or may not be present, but if present it has its own value.
 
-use std::collections::BTreeMap;
 use std::os::unix::process::ExitStatusExt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, Context, Result};
 use etcd_client::{Client, GetOptions};
 use picket_tests::cluster::MemberState;
-use picket_tests::util::{rev, POLL_INTERVAL};
+use picket_tests::util::rev;
+use picket_tests::writer::{check_writes, WriteLog, Writer};
 use picket_tests::{eventually, kvs, Cluster, ClusterOptions, Kv};
 use tracing::info;
 
@@ -24,14 +22,6 @@ use tracing::info;
 /// milliseconds; 30 s covers a restarted member replaying or installing a snapshot on a loaded
 /// 2-core machine.
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long a writer may take to make a given amount of progress. Writes stall only while a new
-/// leader is elected after a kill (a few election timeouts of 1-2 s) and while in-flight requests
-/// to a dead member time out (at most the 15 s client timeout); 60 s covers both.
-const PROGRESS_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Hard cap on the writes one writer attempts, so even a misbehaving test cannot loop forever.
-const MAX_WRITER_ATTEMPTS: u64 = 100_000;
 
 /// Every pair under `prefix`, linearizable or serializable, at revision `at` (0 = latest), with
 /// the header revision.
@@ -85,179 +75,13 @@ async fn assert_converges(
     .await
 }
 
-/// One acknowledged write: its sequence number (hence key and value) and revision.
-#[derive(Debug, Clone, Copy)]
-struct Ack {
-    seq: u64,
-    revision: i64,
-}
-
-fn wkey(seq: u64) -> String {
-    format!("w/{seq:08}")
-}
-
-fn wvalue(seq: u64) -> String {
-    format!("value-{seq}")
-}
-
-/// A background writer: one put at a time, each to a fresh key, round-robin over the members
-/// that are not marked down.
-struct Writer {
-    acks: Arc<Mutex<Vec<Ack>>>,
-    failures: Arc<AtomicUsize>,
-    attempts: Arc<AtomicUsize>,
-    down: Arc<Vec<AtomicBool>>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Writer {
-    fn start(clients: Vec<Client>) -> Writer {
-        let acks = Arc::new(Mutex::new(Vec::new()));
-        let failures = Arc::new(AtomicUsize::new(0));
-        let attempts = Arc::new(AtomicUsize::new(0));
-        let down: Arc<Vec<AtomicBool>> =
-            Arc::new(clients.iter().map(|_| AtomicBool::new(false)).collect());
-        let stop = Arc::new(AtomicBool::new(false));
-        let task = {
-            let (acks, failures, attempts, down, stop) =
-                (acks.clone(), failures.clone(), attempts.clone(), down.clone(), stop.clone());
-            let mut clients = clients;
-            tokio::spawn(async move {
-                let n = clients.len();
-                for seq in 0..MAX_WRITER_ATTEMPTS {
-                    if stop.load(Ordering::SeqCst) {
-                        break;
-                    }
-                    // Rotate over members, skipping those marked down; if all are down, wait.
-                    let Some(i) = (0..n)
-                        .map(|d| (seq as usize + d) % n)
-                        .find(|&i| !down[i].load(Ordering::SeqCst))
-                    else {
-                        tokio::time::sleep(POLL_INTERVAL).await;
-                        continue;
-                    };
-                    attempts.fetch_add(1, Ordering::SeqCst);
-                    match clients[i].put(wkey(seq), wvalue(seq), None).await {
-                        Ok(r) => acks.lock().unwrap().push(Ack { seq, revision: rev(r.header()) }),
-                        Err(_) => {
-                            // Indeterminate: the write may or may not have been applied. Never
-                            // retried; pause briefly so a leaderless cluster is not hammered.
-                            failures.fetch_add(1, Ordering::SeqCst);
-                            tokio::time::sleep(POLL_INTERVAL).await;
-                        }
-                    }
-                }
-            })
-        };
-        Writer { acks, failures, attempts, down, stop, task }
-    }
-
-    fn acked(&self) -> usize {
-        self.acks.lock().unwrap().len()
-    }
-
-    fn set_down(&self, i: usize, down: bool) {
-        self.down[i].store(down, Ordering::SeqCst);
-    }
-
-    /// Waits until `more` further writes have been acknowledged.
-    async fn wait_progress(&self, more: usize, why: &str) -> Result<()> {
-        let target = self.acked() + more;
-        let deadline = Instant::now() + PROGRESS_TIMEOUT;
-        while self.acked() < target {
-            if Instant::now() >= deadline || self.task.is_finished() {
-                bail!(
-                    "writer made no progress {why}: {} acked (wanted {target}), {} failed of {} attempts within {PROGRESS_TIMEOUT:?}",
-                    self.acked(),
-                    self.failures.load(Ordering::SeqCst),
-                    self.attempts.load(Ordering::SeqCst)
-                );
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
-        Ok(())
-    }
-
-    /// Stops the writer and returns its acknowledged writes in acknowledgement order. Bounded:
-    /// the in-flight put ends within the client's request timeout.
-    async fn finish(self) -> Result<Vec<Ack>> {
-        self.stop.store(true, Ordering::SeqCst);
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .context("writer did not stop within 30 s")?
-            .context("writer task panicked")?;
-        let acks = self.acks.lock().unwrap().clone();
-        info!(
-            acked = acks.len(),
-            failed = self.failures.load(Ordering::SeqCst),
-            attempts = self.attempts.load(Ordering::SeqCst),
-            "writer finished"
-        );
-        Ok(acks)
-    }
-}
-
-/// Checks acknowledged writes against a linearizable read of `w/` from every member:
-/// revisions increase in acknowledgement order (the writer is sequential, so linearizability
-/// demands it), every acknowledged write is present with its value and revision, and nothing
-/// is present that the writer did not attempt.
-async fn check_acked_writes(cluster: &Cluster, acks: &[Ack]) -> Result<(i64, Vec<Kv>)> {
-    for w in acks.windows(2) {
-        ensure!(
-            w[0].revision < w[1].revision,
-            "acknowledged revisions out of order: {:?} then {:?}",
-            w[0],
-            w[1]
-        );
-    }
-    // The first member's latest revision pins the comparison: later members are read at that
-    // revision, because an indeterminate write may still land after the writer stopped.
-    let mut reference: Option<(i64, Vec<Kv>)> = None;
-    for i in 0..cluster.len() {
-        let mut c = cluster.client(i).await?;
-        let at = reference.as_ref().map_or(0, |(r, _)| *r);
-        let (r, got) = read_prefix(&mut c, "w/", false, at)
-            .await
-            .with_context(|| format!("reading from {}", cluster.name(i)))?;
-        let by_key: BTreeMap<&[u8], &Kv> = got.iter().map(|kv| (kv.key.as_slice(), kv)).collect();
-        for a in acks {
-            let key = wkey(a.seq);
-            let kv = by_key.get(key.as_bytes()).with_context(|| {
-                format!("member {}: acknowledged write {a:?} ({key}) is missing", cluster.name(i))
-            })?;
-            let want = Kv::new(&key, wvalue(a.seq), a.revision, a.revision, 1);
-            ensure!(
-                **kv == want,
-                "member {}: acknowledged write {a:?} reads back as {kv:?}, want {want:?}",
-                cluster.name(i)
-            );
-        }
-        for kv in &got {
-            let key = String::from_utf8_lossy(&kv.key);
-            let seq: u64 = key
-                .trim_start_matches("w/")
-                .parse()
-                .with_context(|| format!("unexpected key {key}"))?;
-            ensure!(
-                kv.value == wvalue(seq).as_bytes(),
-                "{kv:?} has a value the writer never wrote"
-            );
-            ensure!(kv.version == 1, "{kv:?} was written more than once");
-        }
-        match &reference {
-            None => reference = Some((r, got)),
-            Some((at, first)) => ensure!(
-                first == &got,
-                "member {} returned {} pairs under w/ at revision {at}, member {} returned {}",
-                cluster.name(i),
-                got.len(),
-                cluster.name(0),
-                first.len()
-            ),
-        }
-    }
-    reference.context("empty cluster")
+/// Checks the writer's log on every member at one pinned revision
+/// ([`picket_tests::writer::check_writes`]) and returns that revision with the pairs there.
+async fn check_acked_writes(cluster: &Cluster, log: &WriteLog) -> Result<(i64, Vec<Kv>)> {
+    let members: Vec<usize> = (0..cluster.len()).collect();
+    let at = check_writes(cluster, &members, log).await?;
+    let (_, all) = picket_tests::writer::read_prefix(cluster, 0, &log.prefix, at).await?;
+    Ok((at, all))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -342,7 +166,7 @@ async fn writes_through_every_member_are_visible_everywhere() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_each_member_in_turn_under_writes() -> Result<()> {
     let mut cluster = Cluster::start(3, ClusterOptions::default()).await?;
-    let writer = Writer::start(cluster.clients().await?);
+    let writer = Writer::start(cluster.clients().await?, "w/");
     writer.wait_progress(20, "before any kill").await?;
 
     for i in 0..3 {
@@ -355,10 +179,10 @@ async fn sigkill_each_member_in_turn_under_writes() -> Result<()> {
         writer.set_down(i, false);
         writer.wait_progress(20, &format!("after restarting {}", cluster.name(i))).await?;
     }
-    let acks = writer.finish().await?;
+    let log = writer.finish().await?;
 
     info!("every acknowledged write is present, in order, on every member");
-    let (final_rev, all) = check_acked_writes(&cluster, &acks).await?;
+    let (final_rev, all) = check_acked_writes(&cluster, &log).await?;
     info!("and every member's local (serializable) state converges to it");
     for i in 0..3 {
         assert_converges(&cluster, i, "w/", final_rev, &all).await?;
@@ -370,19 +194,19 @@ async fn sigkill_each_member_in_turn_under_writes() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_survive_sigkill_of_all_members() -> Result<()> {
     let mut cluster = Cluster::start(3, ClusterOptions::default()).await?;
-    let writer = Writer::start(cluster.clients().await?);
+    let writer = Writer::start(cluster.clients().await?, "w/");
     writer.wait_progress(50, "before the crash").await?;
 
     info!("SIGKILL every member while writes are in flight");
     for i in 0..3 {
         cluster.kill(i)?;
     }
-    let acks = writer.finish().await?;
-    let max_acked = acks.iter().map(|a| a.revision).max().context("no acknowledged writes")?;
+    let log = writer.finish().await?;
+    let max_acked = log.acks.iter().map(|a| a.revision).max().context("no acknowledged writes")?;
 
     info!("restart all members from their data directories");
     cluster.restart_all().await?;
-    check_acked_writes(&cluster, &acks).await?;
+    check_acked_writes(&cluster, &log).await?;
 
     info!("revisions continue after the highest acknowledged one");
     let mut c = cluster.client(0).await?;

@@ -10,15 +10,13 @@
 //! unknown (the surviving leader may have appended it and commits it once a peer returns), so it
 //! may appear, but only with its own value.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use etcd_client::{Client, GetOptions};
-use picket_tests::util::{grpc_status, rev, POLL_INTERVAL};
-use picket_tests::{eventually, kvs, Cluster, ClusterOptions, Kv};
+use picket_tests::util::{grpc_status, rev};
+use picket_tests::writer::{check_writes, Writer};
+use picket_tests::{eventually, Cluster, ClusterOptions, Kv};
 use tonic::Code;
 use tracing::info;
 
@@ -26,165 +24,9 @@ use tracing::info;
 /// takes at most a few election timeouts (1-2 s each); 30 s covers a loaded 2-core machine.
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long the writer may take to make a given amount of progress: an election after the
-/// kill, plus in-flight requests to the dead member failing (at most the 15 s client timeout).
-const PROGRESS_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Hard cap on the writes one writer attempts, so even a misbehaving test cannot loop forever.
-const MAX_WRITER_ATTEMPTS: u64 = 100_000;
-
 /// Writes attempted while the cluster has no quorum. Each one waits for the server's request
 /// timeout (7 s with the default election timeout), so a few are enough to show the pattern.
 const MINORITY_WRITES: usize = 2;
-
-fn wkey(seq: u64) -> String {
-    format!("w/{seq:08}")
-}
-
-fn wvalue(seq: u64) -> String {
-    format!("value-{seq}")
-}
-
-/// One acknowledged write.
-#[derive(Debug, Clone, Copy)]
-struct Ack {
-    seq: u64,
-    revision: i64,
-}
-
-/// A sequential background writer over the members not marked down, one fresh key per attempt.
-struct Writer {
-    acks: Arc<Mutex<Vec<Ack>>>,
-    down: Arc<Vec<AtomicBool>>,
-    /// Set by the writer when it found every member marked down, so no put is in flight.
-    idle: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Writer {
-    fn start(clients: Vec<Client>) -> Writer {
-        let acks = Arc::new(Mutex::new(Vec::new()));
-        let down: Arc<Vec<AtomicBool>> =
-            Arc::new(clients.iter().map(|_| AtomicBool::new(false)).collect());
-        let stop = Arc::new(AtomicBool::new(false));
-        let idle = Arc::new(AtomicBool::new(false));
-        let (a, d, s, idle2) = (acks.clone(), down.clone(), stop.clone(), idle.clone());
-        let mut clients = clients;
-        let task = tokio::spawn(async move {
-            let n = clients.len();
-            for seq in 0..MAX_WRITER_ATTEMPTS {
-                if s.load(Ordering::SeqCst) {
-                    break;
-                }
-                let Some(i) =
-                    (0..n).map(|k| (seq as usize + k) % n).find(|&i| !d[i].load(Ordering::SeqCst))
-                else {
-                    idle2.store(true, Ordering::SeqCst);
-                    tokio::time::sleep(POLL_INTERVAL).await;
-                    continue;
-                };
-                idle2.store(false, Ordering::SeqCst);
-                match clients[i].put(wkey(seq), wvalue(seq), None).await {
-                    Ok(r) => a.lock().unwrap().push(Ack { seq, revision: rev(r.header()) }),
-                    // Indeterminate; never retried. Pause so a leaderless cluster is not hammered.
-                    Err(_) => tokio::time::sleep(POLL_INTERVAL).await,
-                }
-            }
-        });
-        Writer { acks, down, idle, stop, task }
-    }
-
-    /// Marks every member down and waits until the writer has no put in flight, so that the
-    /// acknowledgements counted afterwards all belong to puts started afterwards.
-    async fn quiesce(&self) -> Result<()> {
-        for d in self.down.iter() {
-            d.store(true, Ordering::SeqCst);
-        }
-        self.idle.store(false, Ordering::SeqCst);
-        // Bounded by the in-flight put's client timeout (15 s) plus one pause.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !self.idle.load(Ordering::SeqCst) {
-            if Instant::now() >= deadline || self.task.is_finished() {
-                bail!("writer did not go idle within 30 s");
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
-        Ok(())
-    }
-
-    fn acked(&self) -> usize {
-        self.acks.lock().unwrap().len()
-    }
-
-    fn set_down(&self, i: usize, down: bool) {
-        self.down[i].store(down, Ordering::SeqCst);
-    }
-
-    async fn wait_progress(&self, more: usize, why: &str) -> Result<()> {
-        let target = self.acked() + more;
-        let deadline = Instant::now() + PROGRESS_TIMEOUT;
-        while self.acked() < target {
-            if Instant::now() >= deadline || self.task.is_finished() {
-                bail!("writer stalled {why}: {} acked, wanted {target}", self.acked());
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
-        Ok(())
-    }
-
-    /// Stops the writer (bounded by the in-flight put's client timeout) and returns its acks.
-    async fn finish(self) -> Result<Vec<Ack>> {
-        self.stop.store(true, Ordering::SeqCst);
-        tokio::time::timeout(Duration::from_secs(30), self.task)
-            .await
-            .context("writer did not stop within 30 s")?
-            .context("writer task panicked")?;
-        let acks = self.acks.lock().unwrap().clone();
-        Ok(acks)
-    }
-}
-
-/// Every pair under `w/` on member `i`, linearizable, at revision `at` (0 = latest).
-async fn read_w(cluster: &Cluster, i: usize, at: i64) -> Result<(i64, Vec<Kv>)> {
-    let mut c = cluster.client(i).await?;
-    let r = c.get("w/", Some(GetOptions::new().with_prefix().with_revision(at))).await?;
-    Ok((rev(r.header()), kvs(&r)))
-}
-
-/// Checks, on every running member at one pinned revision: acknowledged writes are all present
-/// with their value and revision, in acknowledgement order; nothing else is present but writes
-/// the writer attempted, each with its own value, written once; and every member agrees.
-async fn check_acked(cluster: &Cluster, members: &[usize], acks: &[Ack]) -> Result<Vec<Kv>> {
-    for w in acks.windows(2) {
-        ensure!(w[0].revision < w[1].revision, "acks out of order: {:?} then {:?}", w[0], w[1]);
-    }
-    let (at, first) = read_w(cluster, members[0], 0).await?;
-    for &i in members {
-        let got = eventually("a linearizable read of w/", CONVERGE_TIMEOUT, || async {
-            Ok(read_w(cluster, i, at).await?.1)
-        })
-        .await?;
-        ensure!(got == first, "member {} differs from {} at {at}", cluster.name(i), members[0]);
-        let by_key: BTreeMap<&[u8], &Kv> = got.iter().map(|kv| (kv.key.as_slice(), kv)).collect();
-        for a in acks {
-            let key = wkey(a.seq);
-            let kv = by_key
-                .get(key.as_bytes())
-                .with_context(|| format!("acknowledged write {a:?} lost on {}", cluster.name(i)))?;
-            ensure!(
-                **kv == Kv::new(&key, wvalue(a.seq), a.revision, a.revision, 1),
-                "acknowledged write {a:?} reads back as {kv:?}"
-            );
-        }
-        for kv in &got {
-            let key = String::from_utf8_lossy(&kv.key);
-            let seq: u64 = key.trim_start_matches("w/").parse().context("unexpected key")?;
-            ensure!(kv.value == wvalue(seq).as_bytes() && kv.version == 1, "unexpected {kv:?}");
-        }
-    }
-    Ok(first)
-}
 
 /// Asks each listed member for its leader; succeeds once all name the same, non-zero leader
 /// other than `not`. Returns that leader's member id.
@@ -202,7 +44,7 @@ async fn agreed_leader_other_than(cluster: &Cluster, members: &[usize], not: u64
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_leader_under_writes_elects_a_new_leader_and_loses_nothing() -> Result<()> {
     let mut cluster = Cluster::start(3, ClusterOptions::default()).await?;
-    let writer = Writer::start(cluster.clients().await?);
+    let writer = Writer::start(cluster.clients().await?, "w/");
     writer.wait_progress(20, "before any kill").await?;
 
     // Two rounds: the second kills the leader elected after the first kill, which has only
@@ -231,9 +73,9 @@ async fn sigkill_of_the_leader_under_writes_elects_a_new_leader_and_loses_nothin
         let status = cluster.client(leader).await?.status().await?;
         ensure!(status.leader() != 0, "restarted member knows no leader");
     }
-    let acks = writer.finish().await?;
-    info!(acked = acks.len(), "phase: no acknowledged write is lost, on any member");
-    check_acked(&cluster, &[0, 1, 2], &acks).await?;
+    let log = writer.finish().await?;
+    info!(acked = log.acks.len(), "phase: no acknowledged write is lost, on any member");
+    check_writes(&cluster, &[0, 1, 2], &log).await?;
     cluster.finish();
     Ok(())
 }
@@ -295,7 +137,7 @@ async fn check_refused(c: &mut Client, refused: &[(String, String, Refusal)]) ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_minority_refuses_writes_and_resumes_when_a_member_returns() -> Result<()> {
     let mut cluster = Cluster::start(3, ClusterOptions::default()).await?;
-    let writer = Writer::start(cluster.clients().await?);
+    let writer = Writer::start(cluster.clients().await?, "w/");
     writer.wait_progress(20, "with all members up").await?;
 
     info!("phase: stop both followers; the leader is alone and must not acknowledge writes");
@@ -330,7 +172,9 @@ async fn a_minority_refuses_writes_and_resumes_when_a_member_returns() -> Result
     let survivor = (0..3).find(|&i| i != leader && i != followers[1]).context("survivor")?;
     // followers[1] is still down; stopping the leader leaves `survivor` alone.
     writer.quiesce().await?;
-    cluster.stop(leader).await?;
+    // SIGKILL, not SIGTERM: a gracefully stopping leader hands leadership over first, which
+    // would make the survivor the (lone) leader instead of a lone follower.
+    cluster.kill(leader)?;
     let acked_at_stop = writer.acked();
     writer.set_down(survivor, false);
     let mut s = cluster.client(survivor).await?;
@@ -343,8 +187,8 @@ async fn a_minority_refuses_writes_and_resumes_when_a_member_returns() -> Result
         writer.set_down(i, false);
     }
     writer.wait_progress(20, "with all members back").await?;
-    let acks = writer.finish().await?;
-    check_acked(&cluster, &[0, 1, 2], &acks).await?;
+    let log = writer.finish().await?;
+    check_writes(&cluster, &[0, 1, 2], &log).await?;
     check_refused(&mut cluster.client(0).await?, &refused).await?;
     cluster.finish();
     Ok(())

@@ -63,7 +63,7 @@ impl MaintenanceService {
 
 /// RocksDB size estimates: (bytes on disk, bytes of live data), over every column family,
 /// counting SST files and memtables (etcd: bbolt file size and bytes in use).
-fn db_sizes(engine: &RocksEngine) -> (i64, i64) {
+pub(crate) fn db_sizes(engine: &RocksEngine) -> (i64, i64) {
     let db = engine.db();
     let prop = |cf: Cf, name: &rocksdb::properties::PropName| -> u64 {
         // A missing or unreadable property only makes the estimate smaller.

@@ -36,6 +36,8 @@ pub struct Ctx {
     pub max_txn_ops: usize,
     /// The leader's lease clock (idle on followers).
     pub lease_leader: lease::LeaseLeader,
+    /// This member's metric families (proposal latency is observed in [`Ctx::propose`]).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Ctx {
@@ -65,11 +67,10 @@ impl Ctx {
 
     /// Replicates a command and returns its result, mapping a replicated error to its status.
     pub async fn propose(&self, cmd: Cmd) -> Result<CmdResult, Status> {
-        let result = self
-            .proposer
-            .propose(Command(RaftCommand { cmd: Some(cmd) }))
-            .await
-            .map_err(status::propose_status)?;
+        let timer = self.metrics.start_proposal();
+        let result = self.proposer.propose(Command(RaftCommand { cmd: Some(cmd) })).await;
+        timer.finish(result.is_ok());
+        let result = result.map_err(status::propose_status)?;
         match result.result {
             Some(CmdResult::Error(e)) => Err(status::command_error_status(&e)),
             Some(r) => Ok(r),

@@ -22,7 +22,9 @@
 
 use std::time::Duration;
 
-use picket_proto::picket::raft::v1::CampaignRequest;
+use picket_proto::etcdserverpb::MoveLeaderRequest;
+use picket_proto::picket::raft::v1::cluster_op::Op;
+use picket_proto::picket::raft::v1::{CampaignRequest, ClusterOp, MembershipQuery};
 use tokio::time::Instant;
 
 use super::membership::{ClusterControl, MembershipError};
@@ -109,6 +111,90 @@ pub(crate) async fn transfer(
         }
     }
     Err(MembershipError::TransferTimeout)
+}
+
+/// How long a transfer candidate may take to answer a liveness probe at shutdown. A live peer
+/// answers `Membership` from memory in milliseconds; one that does not within this bound is
+/// skipped, because a transfer to it would stall writes until the shutdown bound runs out.
+const SHUTDOWN_PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// What a stopping member did about its leadership.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ShutdownTransfer {
+    /// Not the leader: nothing to hand over.
+    NotLeader,
+    /// Leader, but it has not heard from a quorum within a leader lease, so no other member
+    /// could win an election through it now; stopping at once is as good as it gets.
+    NoQuorum,
+    /// The only voter: there is nobody to hand leadership to.
+    OnlyVoter,
+    /// Leader, but no other voter answered a probe.
+    NoTarget,
+    /// Leadership moved to this member.
+    Transferred(NodeId),
+    /// The transfer to this member failed or ran out of time.
+    Failed(NodeId, MembershipError),
+}
+
+/// Before a graceful stop: if this member leads, hands leadership to the most up-to-date live
+/// voter, so the cluster does not sit out an election timeout after we are gone (etcd's
+/// `TransferLeadership` on stop). Always returns by `deadline`.
+pub(crate) async fn transfer_for_shutdown(
+    control: &ClusterControl,
+    deadline: Instant,
+) -> ShutdownTransfer {
+    let me = control.node_id();
+    let m = control.metrics();
+    if m.current_leader != Some(me) {
+        return ShutdownTransfer::NotLeader;
+    }
+    let fresh = m
+        .millis_since_quorum_ack
+        .is_some_and(|ms| Duration::from_millis(ms) <= control.leader_lease());
+    if !fresh {
+        return ShutdownTransfer::NoQuorum;
+    }
+    // Most caught-up voters first: the transfer waits until the target has every entry.
+    let membership = m.membership_config.membership();
+    let mut candidates: Vec<(Option<u64>, NodeId)> = membership
+        .voter_ids()
+        .filter(|&v| v != me)
+        .map(|v| {
+            let matched = m.replication.as_ref().and_then(|r| r.get(&v).cloned()).flatten();
+            (matched.map(|l| l.index), v)
+        })
+        .collect();
+    if candidates.is_empty() {
+        return ShutdownTransfer::OnlyVoter;
+    }
+    candidates.sort_unstable_by(|a, b| b.cmp(a));
+    let mut target = None;
+    for (_, id) in candidates {
+        let Some(url) = membership.get_node(&id).and_then(|n| n.peer_urls.first().cloned()) else {
+            continue;
+        };
+        let Some(mut client) = control.client_for(&url) else { continue };
+        let probe = client.membership(MembershipQuery {});
+        if matches!(tokio::time::timeout(SHUTDOWN_PROBE_TIMEOUT, probe).await, Ok(Ok(_))) {
+            target = Some(id);
+            break;
+        }
+    }
+    let Some(target) = target else {
+        return ShutdownTransfer::NoTarget;
+    };
+    // Through `run_on_leader`, so the transfer holds the membership-change lock like a
+    // `MoveLeader` would.
+    let op = ClusterOp {
+        op: Some(Op::MoveLeader(MoveLeaderRequest { target_id: target })),
+        retry: false,
+    };
+    match tokio::time::timeout_at(deadline, control.run_on_leader(&op, deadline)).await {
+        Ok(Ok(_)) => ShutdownTransfer::Transferred(target),
+        Ok(Err(e)) => ShutdownTransfer::Failed(target, e),
+        Err(_) => ShutdownTransfer::Failed(target, MembershipError::TransferTimeout),
+    }
 }
 
 /// On the transfer target: starts an election now. A stale or repeated request only causes an

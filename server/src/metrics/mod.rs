@@ -1,0 +1,307 @@
+//! Observability: Prometheus metrics and the HTTP health endpoints (`--listen-metrics-urls`).
+//!
+//! - [`Metrics`]: one registry per member, every family prefixed `picket_`. Names follow etcd's
+//!   where an equivalent exists (`etcd_server_has_leader` is `picket_server_has_leader`), so
+//!   dashboards and alert rules written for etcd carry over by changing the prefix.
+//! - [`grpc`]: a tower layer on the client-facing gRPC server that counts and times every call
+//!   per method (go-grpc-prometheus's `grpc_server_*` families, as etcd exports them).
+//! - [`raft`]: follows openraft's metrics watch channel (term, leader, log indexes).
+//! - [`http`]: `/metrics`, `/health`, `/readyz` and `/livez`.
+//!
+//! Gauges that describe the store (size, revision, leases) are read when scraped, not kept up to
+//! date by apply: apply stays free of metrics code, and a scrape costs a few RocksDB property
+//! reads. Proposal latency is observed by `api::Ctx::propose`, the one path client writes take.
+//!
+//! The registry is per member rather than global so in-process multi-member tests keep their
+//! members' numbers apart; `picketd` runs one member per process, as etcd does.
+
+pub mod grpc;
+pub mod http;
+pub mod raft;
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use parking_lot::RwLock;
+use prometheus::{
+    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use thiserror::Error;
+
+use crate::storage::state_machine::Shared;
+
+/// Every family's name starts with `picket_` (etcd: `etcd_`).
+const NAMESPACE: &str = "picket";
+
+/// Distinct `(grpc_service, grpc_method)` label pairs kept before further ones are reported as
+/// `unknown`. The path of a gRPC call is chosen by the client, so without a cap a client calling
+/// made-up methods could grow the registry without bound. The etcd API has about 60 methods.
+const MAX_GRPC_LABEL_PAIRS: usize = 256;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum MetricsError {
+    /// A family could not be registered (a duplicate name: a bug in this module).
+    #[error("metrics registry: {0}")]
+    Registry(#[from] prometheus::Error),
+    #[error("encoding metrics: {0}")]
+    Encode(String),
+}
+
+/// The metric families of one member.
+pub struct Metrics {
+    registry: Registry,
+    grpc_labels: RwLock<HashSet<(String, String)>>,
+
+    pub(crate) grpc_started: IntCounterVec,
+    pub(crate) grpc_handled: IntCounterVec,
+    pub(crate) grpc_handling_seconds: HistogramVec,
+    /// Open `Watch/Watch` streams (etcd: `etcd_debugging_mvcc_watch_stream_total`).
+    pub(crate) watch_streams: IntGauge,
+
+    pub(crate) has_leader: IntGauge,
+    pub(crate) is_leader: IntGauge,
+    pub(crate) leader_changes: IntCounter,
+    pub(crate) raft_term: IntGauge,
+    pub(crate) applied_index: IntGauge,
+    pub(crate) last_log_index: IntGauge,
+    pub(crate) snapshot_index: IntGauge,
+
+    proposals_pending: IntGauge,
+    proposals_failed: IntCounter,
+    proposal_seconds: Histogram,
+
+    lease_active: IntGauge,
+    db_total_size: IntGauge,
+    db_in_use_size: IntGauge,
+    current_revision: IntGauge,
+    compact_revision: IntGauge,
+}
+
+fn register<C: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    c: C,
+) -> Result<C, MetricsError> {
+    registry.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+impl Metrics {
+    /// Creates the families for member `member_id` (exported as `picket_server_id`).
+    pub fn new(member_id: u64) -> Result<Self, MetricsError> {
+        let registry = Registry::new_custom(Some(NAMESPACE.to_string()), None)?;
+        let r = &registry;
+        let gauge = |name: &str, help: &str| register(r, IntGauge::new(name, help)?);
+        let counter = |name: &str, help: &str| register(r, IntCounter::new(name, help)?);
+
+        // Constant "info" gauges, as etcd exports its id and version.
+        let id = register(
+            r,
+            IntGaugeVec::new(
+                Opts::new("server_id", "Member id of this server (hex), always 1."),
+                &["server_id"],
+            )?,
+        )?;
+        id.with_label_values(&[&format!("{member_id:x}")]).set(1);
+        let version = register(
+            r,
+            IntGaugeVec::new(
+                Opts::new("server_version", "Version of this server, always 1."),
+                &["server_version"],
+            )?,
+        )?;
+        version.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+
+        let grpc = ["grpc_service", "grpc_method"];
+        let metrics = Metrics {
+            grpc_labels: RwLock::new(HashSet::new()),
+            grpc_started: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new("grpc_server_started_total", "gRPC calls started on the server."),
+                    &grpc,
+                )?,
+            )?,
+            grpc_handled: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "grpc_server_handled_total",
+                        "gRPC calls completed on the server, by status code.",
+                    ),
+                    &["grpc_service", "grpc_method", "grpc_code"],
+                )?,
+            )?,
+            // Prometheus's default buckets (5 ms to 10 s), as go-grpc-prometheus uses.
+            grpc_handling_seconds: register(
+                r,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "grpc_server_handling_seconds",
+                        "Time from receiving a gRPC call to its status (the whole stream for \
+                         streaming calls).",
+                    ),
+                    &grpc,
+                )?,
+            )?,
+            watch_streams: gauge("mvcc_watch_stream_total", "Open watch streams.")?,
+            has_leader: gauge(
+                "server_has_leader",
+                "1 if this member knows a leader (itself or another member), else 0.",
+            )?,
+            is_leader: gauge("server_is_leader", "1 if this member is the leader, else 0.")?,
+            leader_changes: counter(
+                "server_leader_changes_seen_total",
+                "Number of times this member saw a new leader.",
+            )?,
+            raft_term: gauge("server_raft_term", "Current Raft term of this member.")?,
+            applied_index: gauge(
+                "server_proposals_applied_total",
+                "Index of the last Raft entry applied to the state machine.",
+            )?,
+            last_log_index: gauge(
+                "server_raft_last_log_index",
+                "Index of the last entry in this member's Raft log (appended, maybe uncommitted).",
+            )?,
+            snapshot_index: gauge(
+                "server_snapshot_index",
+                "Last log index covered by this member's latest snapshot.",
+            )?,
+            proposals_pending: gauge(
+                "server_proposals_pending",
+                "Client proposals waiting to be committed and applied.",
+            )?,
+            proposals_failed: counter(
+                "server_proposals_failed_total",
+                "Client proposals that failed (not leader, timeout, stopped).",
+            )?,
+            // 0.5 ms to 8 s: a proposal costs an fsync and a quorum round trip at best, and a
+            // leader election (seconds) at worst.
+            proposal_seconds: register(
+                r,
+                Histogram::with_opts(
+                    HistogramOpts::new(
+                        "server_proposal_duration_seconds",
+                        "Time from proposing a client write to its applied result.",
+                    )
+                    .buckets(exponential_buckets(0.0005, 2.0, 15)?),
+                )?,
+            )?,
+            lease_active: gauge("lease_active", "Leases currently granted.")?,
+            db_total_size: gauge(
+                "mvcc_db_total_size_in_bytes",
+                "Estimated size of the store on disk (SST files and memtables).",
+            )?,
+            db_in_use_size: gauge(
+                "mvcc_db_total_size_in_use_in_bytes",
+                "Estimated bytes of live data in the store.",
+            )?,
+            current_revision: gauge("mvcc_current_revision", "Current store revision.")?,
+            compact_revision: gauge(
+                "mvcc_compact_revision",
+                "Revision up to which the store was compacted.",
+            )?,
+            registry,
+        };
+        Ok(metrics)
+    }
+
+    /// The label pair for a gRPC call to `path` (`/etcdserverpb.KV/Range`), or
+    /// `("unknown", "unknown")` for a malformed path or once [`MAX_GRPC_LABEL_PAIRS`] is reached.
+    pub(crate) fn grpc_labels(&self, path: &str) -> (String, String) {
+        let unknown = || ("unknown".to_string(), "unknown".to_string());
+        let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
+            return unknown();
+        };
+        let pair = (service.to_string(), method.to_string());
+        if self.grpc_labels.read().contains(&pair) {
+            return pair;
+        }
+        let mut seen = self.grpc_labels.write();
+        if seen.len() >= MAX_GRPC_LABEL_PAIRS {
+            return unknown();
+        }
+        seen.insert(pair.clone());
+        pair
+    }
+
+    /// Starts timing a client proposal; see [`ProposalTimer`].
+    pub fn start_proposal(&self) -> ProposalTimer<'_> {
+        self.proposals_pending.inc();
+        ProposalTimer { metrics: self, start: Instant::now() }
+    }
+
+    /// Refreshes the gauges that are read from the store at scrape time.
+    pub fn observe_store(&self, sm: &Shared) {
+        let (total, in_use) = crate::api::maintenance::db_sizes(sm.engine());
+        self.db_total_size.set(total);
+        self.db_in_use_size.set(in_use);
+        self.lease_active.set(i64::try_from(sm.with_leases(|l| l.len())).unwrap_or(i64::MAX));
+        let (rev, compact) = sm.with_store(|s| (s.revision(), s.compact_revision()));
+        self.current_revision.set(rev);
+        self.compact_revision.set(compact);
+    }
+
+    /// Every family in Prometheus's text exposition format.
+    pub fn render(&self) -> Result<String, MetricsError> {
+        let mut buf = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .map_err(|e| MetricsError::Encode(e.to_string()))?;
+        String::from_utf8(buf).map_err(|e| MetricsError::Encode(e.to_string()))
+    }
+}
+
+/// Measures one client proposal: counted as pending until [`ProposalTimer::finish`], which
+/// records its latency or its failure. A timer dropped unfinished (the caller gave up, e.g. the
+/// client disconnected) only stops counting as pending: the proposal may still commit, so it is
+/// neither a success nor a failure.
+pub struct ProposalTimer<'a> {
+    metrics: &'a Metrics,
+    start: Instant,
+}
+
+impl ProposalTimer<'_> {
+    pub fn finish(self, ok: bool) {
+        if ok {
+            self.metrics.proposal_seconds.observe(self.start.elapsed().as_secs_f64());
+        } else {
+            self.metrics.proposals_failed.inc();
+        }
+    }
+}
+
+impl Drop for ProposalTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics.proposals_pending.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_are_prefixed_and_labels_capped() {
+        let m = Metrics::new(0xabc).expect("registry");
+        assert_eq!(
+            m.grpc_labels("/etcdserverpb.KV/Range"),
+            ("etcdserverpb.KV".into(), "Range".into())
+        );
+        assert_eq!(m.grpc_labels("nonsense"), ("unknown".into(), "unknown".into()));
+        for i in 0..2 * MAX_GRPC_LABEL_PAIRS {
+            m.grpc_labels(&format!("/s/m{i}"));
+        }
+        assert_eq!(m.grpc_labels("/s/new"), ("unknown".into(), "unknown".into()));
+        // Already-seen pairs keep their labels after the cap.
+        assert_eq!(m.grpc_labels("/etcdserverpb.KV/Range").1, "Range");
+        m.start_proposal().finish(true);
+        m.start_proposal().finish(false);
+        let text = m.render().expect("render");
+        assert!(text.contains("picket_server_id{server_id=\"abc\"} 1"), "{text}");
+        assert!(text.contains("picket_server_proposals_failed_total 1"), "{text}");
+        assert!(text.contains("picket_server_proposals_pending 0"), "{text}");
+        assert!(text.contains("picket_server_proposal_duration_seconds_count 1"), "{text}");
+    }
+}

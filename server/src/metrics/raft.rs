@@ -1,0 +1,44 @@
+//! Raft gauges, fed from openraft's metrics watch channel: every change of term, leader or log
+//! index is published there, so following it costs nothing while the cluster is idle.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use super::Metrics;
+use crate::raft::types::{NodeId, Raft};
+
+/// Clamps an index or term to a gauge value (they never approach `i64::MAX` in practice).
+fn gauge(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+/// Updates the Raft families until Raft shuts down or `stop` turns true.
+pub async fn follow(metrics: Arc<Metrics>, raft: Raft, mut stop: watch::Receiver<bool>) {
+    let mut rx = raft.metrics();
+    let mut last_leader: Option<NodeId> = None;
+    loop {
+        {
+            let m = rx.borrow_and_update();
+            metrics.raft_term.set(gauge(m.current_term));
+            metrics.has_leader.set(i64::from(m.current_leader.is_some()));
+            metrics.is_leader.set(i64::from(m.current_leader == Some(m.id)));
+            // etcd counts every new leader this member learns of, including the first one.
+            if m.current_leader.is_some() && m.current_leader != last_leader {
+                metrics.leader_changes.inc();
+                last_leader = m.current_leader;
+            }
+            metrics.applied_index.set(gauge(m.last_applied.map(|l| l.index).unwrap_or(0)));
+            metrics.last_log_index.set(gauge(m.last_log_index.unwrap_or(0)));
+            metrics.snapshot_index.set(gauge(m.snapshot.map(|l| l.index).unwrap_or(0)));
+        }
+        tokio::select! {
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
