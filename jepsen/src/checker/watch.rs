@@ -14,8 +14,10 @@
 //! - **no gaps**: every known event with revision in `[s, last delivered]` was delivered
 //!   (`gap`); a resumed session (`resume_of: L`) starts at `L + 1` (`resume-start`), so the
 //!   resumed chain has no gap either;
-//! - **compaction**: a start below a compaction that completed before the watch began is refused
-//!   with `canceled` and a `compact_revision` (`compacted-start-accepted`,
+//! - **compaction**: a start below a compaction that completed before the watch began, on a
+//!   member that had applied it (its creation revision is above the revision the compaction's
+//!   response reported; a lagging member rightly serves older history), is refused with
+//!   `canceled` and a `compact_revision` (`compacted-start-accepted`,
 //!   `compacted-without-revision`), and a refusal names a revision above the start and not above
 //!   any compaction requested so far (`spurious-compaction`). Compactions are the workload's
 //!   `compact` operations and the `admin` nemesis's (`admin` events with `action: compact`,
@@ -68,6 +70,9 @@ struct Compaction {
     invoked: u64,
     /// History index of its completion, when it is known to have been applied.
     completed: Option<u64>,
+    /// The store revision its response header reported: every member whose state is past this
+    /// revision has applied the compaction. `None` when unknown (the `admin` nemesis).
+    applied_rev: Option<i64>,
 }
 
 /// The compaction an operation requested, unless it definitely did not happen: the workload's
@@ -79,6 +84,12 @@ fn compaction(op: &Op) -> Option<Compaction> {
             revision: op.invoke.value.get("revision").and_then(Value::as_i64)?,
             invoked: op.invoke.index,
             completed: ok_index(),
+            applied_rev: op
+                .complete
+                .as_ref()
+                .filter(|_| op.outcome() == Outcome::Ok)
+                .and_then(|c| c.header.as_ref())
+                .map(|h| h.revision),
         }),
         "admin" if op.process() == Process::Nemesis => {
             let v = op.value();
@@ -93,6 +104,7 @@ fn compaction(op: &Op) -> Option<Compaction> {
                 revision: v.get("revision").and_then(Value::as_i64)?,
                 invoked: op.invoke.index,
                 completed: if outcome == "ok" { op.complete_index() } else { None },
+                applied_rev: None,
             })
         }
         _ => None,
@@ -256,17 +268,30 @@ fn check_one(
         .map(|c| c.revision)
         .max()
         .unwrap_or(0);
+    // Watches are served from the contacted member's own state, which may lag: a member that
+    // has not applied a compaction yet rightly serves history below it. Acceptance is an
+    // anomaly only when the member was demonstrably past the compaction when it created the
+    // watch: its creation revision is above the revision the compaction's own response
+    // reported (the compaction was applied before the write that made that revision newer).
+    let compacted_on_member = compacts
+        .iter()
+        .filter(|c| c.completed.is_some_and(|i| i < w.invoke.index))
+        .filter(|c| matches!((c.applied_rev, created), (Some(a), Some(cr)) if cr > a))
+        .map(|c| c.revision)
+        .max()
+        .unwrap_or(0);
     let progressed = its.iter().any(|i| matches!(i, Item::Progress(_)));
+    if start > 0 && start < compacted_on_member && !canceled && (!events.is_empty() || progressed) {
+        push(
+            "compacted-start-accepted",
+            format!(
+                "started at {start}, below the compaction at {compacted_on_member} that the \
+                 member (created at {}) had applied, yet was not refused",
+                created.unwrap_or(0)
+            ),
+        );
+    }
     if start > 0 && start < compacted_before {
-        if !canceled && (!events.is_empty() || progressed) {
-            push(
-                "compacted-start-accepted",
-                format!(
-                    "started at {start}, below the compaction at {compacted_before}, yet was not \
-                     refused"
-                ),
-            );
-        }
         if canceled && compact_rev == 0 {
             push(
                 "compacted-without-revision",

@@ -45,11 +45,27 @@ fn watch_ext(
     canceled: bool,
     compact_revision: i64,
 ) {
+    watch_created(h, p, start, resume_of, items, canceled, compact_revision, 1);
+}
+
+/// A watch whose member was at revision `created_rev` when it created the watch.
+#[allow(clippy::too_many_arguments)]
+fn watch_created(
+    h: &mut HistoryBuilder,
+    p: u64,
+    start: i64,
+    resume_of: Option<i64>,
+    items: Vec<Value>,
+    canceled: bool,
+    compact_revision: i64,
+    created_rev: i64,
+) {
     h.invoke(p, "watch", "w/", json!({"prefix": "w/", "start": start, "resume_of": resume_of}));
     h.ok(
         p,
         json!({"prefix": "w/", "start": start, "resume_of": resume_of, "items": items,
-               "created_rev": 1, "canceled": canceled, "compact_revision": compact_revision}),
+               "created_rev": created_rev, "canceled": canceled,
+               "compact_revision": compact_revision}),
     );
 }
 
@@ -114,9 +130,10 @@ fn resumed_watch_must_continue_at_last_plus_one() {
 
 #[test]
 fn compacted_start_must_be_refused_with_its_revision() {
+    // The compaction's response reports store revision 4.
     let compact = |h: &mut HistoryBuilder| {
         h.invoke(5, "compact", "", json!({"revision": 3}));
-        h.ok(5, json!({"revision": 3}));
+        h.ok_rev(5, json!({"revision": 3}), 4);
     };
     // Refused with the compaction revision: valid.
     let mut h = HistoryBuilder::new();
@@ -125,12 +142,20 @@ fn compacted_start_must_be_refused_with_its_revision() {
     watch_ext(&mut h, 1, 2, None, vec![], true, 3);
     watch(&mut h, 2, 3, vec![ev(3), ev(4)]);
     assert_eq!(check(&h).valid, Validity::Valid, "{:#?}", check(&h));
-    // Accepted although compacted.
+    // Accepted although compacted, by a member past the compaction (created at 5 > 4).
     let mut h = HistoryBuilder::new();
-    puts(&mut h, &[2, 3, 4]);
+    puts(&mut h, &[2, 3, 4, 5]);
     compact(&mut h);
-    watch(&mut h, 1, 2, vec![ev(3), ev(4)]);
+    watch_created(&mut h, 1, 2, None, vec![ev(2), ev(3), ev(4), ev(5)], false, 0, 5);
     assert_anomaly(&check(&h), "compacted-start-accepted");
+    // Accepted by a member that had not applied the compaction yet (found in a watch run under
+    // kill: a just-restarted member at revision 492 served a watch from 493 below a compaction
+    // at 557): it serves its own, older history; no anomaly.
+    let mut h = HistoryBuilder::new();
+    puts(&mut h, &[2, 3, 4, 5]);
+    compact(&mut h);
+    watch_created(&mut h, 1, 2, None, vec![ev(2), ev(3), ev(4), ev(5)], false, 0, 4);
+    assert_eq!(check(&h).valid, Validity::Valid, "{:#?}", check(&h));
     // Refused without saying where the compaction is.
     let mut h = HistoryBuilder::new();
     puts(&mut h, &[2, 3, 4]);
@@ -166,12 +191,14 @@ fn admin_nemesis_compactions_count() {
             json!({"action": "compact", "revision": 3, "outcome": outcome, "nodes": ["n1"]}),
         );
     };
-    // A start below a compaction the nemesis completed must be refused.
+    // The nemesis does not record the store revision its compaction was applied at, so a watch
+    // below it that was served is not blamed (its member may have lagged); its events are
+    // still checked like any other's.
     let mut h = HistoryBuilder::new();
     puts(&mut h, &[2, 3, 4]);
     admin(&mut h, "ok");
-    watch(&mut h, 1, 2, vec![ev(3), ev(4)]);
-    assert_anomaly(&check(&h), "compacted-start-accepted");
+    watch(&mut h, 1, 2, vec![ev(2), ev(3), ev(4)]);
+    assert_eq!(check(&h).valid, Validity::Valid, "{:#?}", check(&h));
     // Refused with its revision: valid.
     let mut h = HistoryBuilder::new();
     puts(&mut h, &[2, 3, 4]);
