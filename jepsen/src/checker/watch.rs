@@ -291,13 +291,11 @@ fn check_one(
             ),
         );
     }
-    if start > 0 && start < compacted_before {
-        if canceled && compact_rev == 0 {
-            push(
-                "compacted-without-revision",
-                format!("refused a start below {compacted_before} without a compact_revision"),
-            );
-        }
+    if start > 0 && start < compacted_before && canceled && compact_rev == 0 {
+        push(
+            "compacted-without-revision",
+            format!("refused a start below {compacted_before} without a compact_revision"),
+        );
     }
     if canceled && compact_rev > 0 && (compact_rev <= start || compact_rev > requested_by_end) {
         push(
