@@ -32,30 +32,58 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-/// Which keys a request covers besides its key.
+/// Which keys a request covers: its key alone, or a range starting at it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) enum RangeSpec {
+pub enum KeyRange {
     /// Only the key.
     #[default]
     Key,
     /// Every key starting with the key.
     Prefix,
-    /// Every key >= the key.
+    /// Every key greater than or equal to the key.
     FromKey,
-    /// `[key, end)`.
+    /// Keys in `[key, end)`.
     End(Vec<u8>),
 }
 
-impl RangeSpec {
-    pub(crate) fn range_end(&self, key: &[u8]) -> Vec<u8> {
+impl KeyRange {
+    /// The wire `range_end` for `key`.
+    pub fn range_end(&self, key: &[u8]) -> Vec<u8> {
         match self {
-            RangeSpec::Key => Vec::new(),
-            RangeSpec::Prefix => prefix_end(key),
-            RangeSpec::FromKey => vec![0],
-            RangeSpec::End(end) => end.clone(),
+            KeyRange::Key => Vec::new(),
+            KeyRange::Prefix => prefix_end(key),
+            KeyRange::FromKey => vec![0],
+            KeyRange::End(end) => end.clone(),
         }
     }
 }
+
+/// The key-range setters shared by [`GetOptions`], [`DeleteOptions`] and
+/// [`WatchOptions`](crate::WatchOptions); each has a `range: KeyRange` field.
+macro_rules! key_range_setters {
+    ($t:ty) => {
+        impl $t {
+            /// Selects the keys the request covers (see [`KeyRange`](crate::KeyRange)).
+            pub fn range(mut self, range: $crate::KeyRange) -> Self {
+                self.range = range;
+                self
+            }
+            /// Every key starting with the key.
+            pub fn prefix(self) -> Self {
+                self.range($crate::KeyRange::Prefix)
+            }
+            /// Every key greater than or equal to the key.
+            pub fn from_key(self) -> Self {
+                self.range($crate::KeyRange::FromKey)
+            }
+            /// Keys in `[key, end)`.
+            pub fn range_end(self, end: impl Into<Vec<u8>>) -> Self {
+                self.range($crate::KeyRange::End(end.into()))
+            }
+        }
+    };
+}
+pub(crate) use key_range_setters;
 
 /// How results of a get are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +113,7 @@ pub enum SortBy {
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct GetOptions {
-    pub(crate) range: RangeSpec,
+    pub(crate) range: KeyRange,
     limit: i64,
     revision: i64,
     sort: Option<(SortBy, bool)>,
@@ -98,25 +126,12 @@ pub struct GetOptions {
     max_create_revision: i64,
 }
 
+key_range_setters!(GetOptions);
+
 impl GetOptions {
     /// Only the key itself, latest revision, linearizable.
     pub fn new() -> Self {
         Self::default()
-    }
-    /// Every key starting with the key.
-    pub fn prefix(mut self) -> Self {
-        self.range = RangeSpec::Prefix;
-        self
-    }
-    /// Every key greater than or equal to the key.
-    pub fn from_key(mut self) -> Self {
-        self.range = RangeSpec::FromKey;
-        self
-    }
-    /// Keys in `[key, end)`.
-    pub fn range_end(mut self, end: impl Into<Vec<u8>>) -> Self {
-        self.range = RangeSpec::End(end.into());
-        self
     }
     /// At most `n` keys (0: no limit); the response's `more` says whether some were left out.
     pub fn limit(mut self, n: i64) -> Self {
@@ -245,29 +260,16 @@ impl PutOptions {
 /// Options of a delete.
 #[derive(Debug, Clone, Default)]
 pub struct DeleteOptions {
-    range: RangeSpec,
+    range: KeyRange,
     prev_kv: bool,
 }
+
+key_range_setters!(DeleteOptions);
 
 impl DeleteOptions {
     /// Delete only the key.
     pub fn new() -> Self {
         Self::default()
-    }
-    /// Delete every key starting with the key.
-    pub fn prefix(mut self) -> Self {
-        self.range = RangeSpec::Prefix;
-        self
-    }
-    /// Delete every key greater than or equal to the key.
-    pub fn from_key(mut self) -> Self {
-        self.range = RangeSpec::FromKey;
-        self
-    }
-    /// Delete keys in `[key, end)`.
-    pub fn range_end(mut self, end: impl Into<Vec<u8>>) -> Self {
-        self.range = RangeSpec::End(end.into());
-        self
     }
     /// Return the deleted key-values.
     pub fn prev_kv(mut self) -> Self {

@@ -60,7 +60,7 @@ pub use client::Client;
 pub use election::Leadership;
 pub use error::Error;
 pub use fence::{FenceGate, StaleToken};
-pub use kv::{prefix_end, DeleteOptions, GetOptions, PutOptions, SortBy};
+pub use kv::{prefix_end, DeleteOptions, GetOptions, KeyRange, PutOptions, SortBy};
 pub use lock::{Fence, LockGuard, LockOptions, DEFAULT_LOCK_TTL};
 pub use maintenance::SnapshotChunk;
 pub use options::ConnectOptions;

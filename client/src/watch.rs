@@ -25,7 +25,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use crate::client::{request, Client};
 use crate::error::Error;
-use crate::kv::RangeSpec;
+use crate::kv::{key_range_setters, KeyRange};
 
 /// Options of a watch.
 ///
@@ -39,7 +39,7 @@ use crate::kv::RangeSpec;
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct WatchOptions {
-    range: RangeSpec,
+    range: KeyRange,
     start_revision: i64,
     prev_kv: bool,
     progress_notify: bool,
@@ -47,25 +47,12 @@ pub struct WatchOptions {
     no_delete: bool,
 }
 
+key_range_setters!(WatchOptions);
+
 impl WatchOptions {
     /// Watch one key from now.
     pub fn new() -> Self {
         Self::default()
-    }
-    /// Watch every key starting with the key.
-    pub fn prefix(mut self) -> Self {
-        self.range = RangeSpec::Prefix;
-        self
-    }
-    /// Watch every key greater than or equal to the key.
-    pub fn from_key(mut self) -> Self {
-        self.range = RangeSpec::FromKey;
-        self
-    }
-    /// Watch keys in `[key, end)`.
-    pub fn range_end(mut self, end: impl Into<Vec<u8>>) -> Self {
-        self.range = RangeSpec::End(end.into());
-        self
     }
     /// Replay history from `rev` (inclusive) before going live; 0 means "from now".
     pub fn start_revision(mut self, rev: i64) -> Self {

@@ -5,7 +5,7 @@ use std::io::Read;
 use anyhow::{Context, Result};
 use clap::ValueEnum;
 use picket_client::proto::{DeleteRangeResponse, PutResponse, RangeResponse};
-use picket_client::{DeleteOptions, GetOptions, PutOptions, SortBy};
+use picket_client::{DeleteOptions, GetOptions, KeyRange, PutOptions, SortBy};
 use serde_json::json;
 
 use super::Ctx;
@@ -124,6 +124,17 @@ pub struct GetArgs {
     pub consistency: Consistency,
 }
 
+/// The key range selected by the `[END]`, `--prefix` and `--from-key` arguments that get, del
+/// and watch share (clap makes them mutually exclusive).
+pub fn key_range(prefix: bool, from_key: bool, end: &Option<String>) -> KeyRange {
+    match (prefix, from_key, end) {
+        (true, _, _) => KeyRange::Prefix,
+        (_, true, _) => KeyRange::FromKey,
+        (_, _, Some(end)) => KeyRange::End(end.as_bytes().to_vec()),
+        _ => KeyRange::Key,
+    }
+}
+
 impl GetArgs {
     /// Whether this reads one exact key (so "nothing there" is "not found").
     fn single_key(&self) -> bool {
@@ -131,14 +142,11 @@ impl GetArgs {
     }
 
     pub fn options(&self) -> GetOptions {
-        let mut o = GetOptions::new().limit(self.limit).revision(self.rev);
-        if self.prefix {
-            o = o.prefix();
-        } else if self.from_key {
-            o = o.from_key();
-        } else if let Some(end) = &self.range_end {
-            o = o.range_end(end.as_bytes().to_vec());
-        }
+        let mut o = GetOptions::new().limit(self.limit).revision(self.rev).range(key_range(
+            self.prefix,
+            self.from_key,
+            &self.range_end,
+        ));
         if self.order.is_some() || self.sort_by.is_some() {
             let by = match self.sort_by.unwrap_or(SortTarget::Key) {
                 SortTarget::Key => SortBy::Key,
@@ -181,14 +189,8 @@ pub struct DelArgs {
 
 impl DelArgs {
     pub fn options(&self) -> DeleteOptions {
-        let mut o = DeleteOptions::new();
-        if self.prefix {
-            o = o.prefix();
-        } else if self.from_key {
-            o = o.from_key();
-        } else if let Some(end) = &self.range_end {
-            o = o.range_end(end.as_bytes().to_vec());
-        }
+        let mut o =
+            DeleteOptions::new().range(key_range(self.prefix, self.from_key, &self.range_end));
         if self.prev_kv {
             o = o.prev_kv();
         }

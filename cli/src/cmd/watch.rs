@@ -49,14 +49,11 @@ pub struct WatchArgs {
 pub async fn run(ctx: &Ctx, a: WatchArgs) -> Result<u8> {
     let client = ctx.client().await?;
     let progress = a.progress_notify || a.progress_interval.is_some();
-    let mut o = WatchOptions::new().start_revision(a.rev);
-    if a.prefix {
-        o = o.prefix();
-    } else if a.from_key {
-        o = o.from_key();
-    } else if let Some(end) = &a.range_end {
-        o = o.range_end(end.as_bytes().to_vec());
-    }
+    let mut o = WatchOptions::new().start_revision(a.rev).range(super::kv::key_range(
+        a.prefix,
+        a.from_key,
+        &a.range_end,
+    ));
     if a.prev_kv {
         o = o.prev_kv();
     }
