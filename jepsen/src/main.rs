@@ -69,7 +69,8 @@ enum Cmd {
         workload: String,
         /// Faults, comma-separated: `kill`, `pause`, `partition` (network-namespace mode only),
         /// `member` (remove and re-add a node), `admin` (compaction, snapshots, defragment,
-        /// leader transfer), `clock` (a node under libfaketime), or `none`.
+        /// leader transfer), `clock` (a node under libfaketime, wall clock skewed), `clock-rate`
+        /// (a node whose monotonic clock runs fast or slow: breaks lease timing), or `none`.
         #[arg(long, value_delimiter = ',', default_value = "kill,pause")]
         nemesis: Vec<String>,
         /// Seconds of workload (recovery, final reads and checking come on top).

@@ -1,7 +1,7 @@
-//! `clock`: restart one node under a skewed wall clock with libfaketime (Debian `faketime` /
-//! `libfaketime`), hold it, then restart it with the true clock.
+//! `clock` and `clock-rate`: restart one node under a skewed clock with libfaketime (Debian
+//! `faketime` / `libfaketime`), hold it, then restart it with the true clock.
 //!
-//! The skew (`FAKETIME`, see faketime(1) and libfaketime's README) is one of:
+//! The `clock` skew (`FAKETIME`, see faketime(1) and libfaketime's README) is one of:
 //! - a **bump**: the wall clock 30 s to 1 h ahead or behind (`FAKETIME="+1234s"`);
 //! - a **bump with a rate skew**: the same, and the wall clock running at 0.5x, 0.8x, 1.5x or
 //!   2x (`FAKETIME="+1234s x1.5"`).
@@ -14,9 +14,20 @@
 //! rate skew still scales sleeps and poll timeouts (`nanosleep`, `epoll_wait`...): with `x2`
 //! a 1 s `thread::sleep` returns after 0.5 s, with `x0.5` after 2 s. Tokio re-checks its
 //! deadlines against `Instant`, so timers still fire on time when woken early and up to
-//! 1/rate late when a poll is stretched. A slow or fast *monotonic* clock is a different fault
-//! (lease safety in Picket, as in etcd, assumes bounded clock-rate drift between the leader and
-//! the clients) and is not injected.
+//! 1/rate late when a poll is stretched.
+//!
+//! `clock-rate` ([`ClockNemesis::rate`]) is the other fault: a **monotonic clock-rate skew**.
+//! The node runs with `FAKETIME="+0 x<rate>"` and *without* `FAKETIME_DONT_FAKE_MONOTONIC`, so
+//! `Instant`, tokio's timers and every timeout on it run `rate` times as fast (or slow) as real
+//! time. Lease safety in Picket, as in etcd, assumes bounded clock-rate drift between the leader
+//! and the clients: a leader whose clock runs 2x fast expires a 2 s lease after 1 s of real
+//! time, while its holder, keeping it alive every TTL/3 of *its* (true) clock, believes it
+//! alive. So this fault is expected to produce `early-expiry` (lease workload) and holders that
+//! lose their lock mid-section (lost updates in `lock-set`) once the fast node leads, while
+//! fenced resources stay safe.
+//! Fast rates (1.5x-3x) are the dangerous ones; 0.5x (a slow node: late expiry, late elections)
+//! is drawn too, as a liveness fault. It is not a must-pass fault and not part of the long runs'
+//! default nemesis set; `jepsen/README.md` reports what it finds.
 //!
 //! etcd is a Go program: Go reads clocks through the vDSO without libc, so libfaketime has no
 //! effect on it; against `--target etcd` the fault is only the restart.
@@ -48,8 +59,25 @@ const HOLD_MAX: Duration = Duration::from_secs(10);
 const OFFSET_S: (u64, u64) = (30, 3600);
 const RATES: &[&str] = &["0.5", "0.8", "1.5", "2"];
 
-/// Share of faults that hit the leader (the rest a random node).
+/// Rates of the `clock-rate` fault (monotonic clock included): mostly fast, since a fast clock
+/// on the leader is what breaks the bounded-drift assumption of leases.
+const MONOTONIC_RATES: &[&str] = &["0.5", "1.5", "2", "3"];
+
+/// Share of faults that hit the leader (the rest a random node). The restart need not cost the
+/// leader its leadership: openraft resumes its committed vote on restart when no one else was
+/// elected meanwhile, which is what the `clock-rate` runs showed (a leader restarted at 3x was
+/// expiring leases as leader within a second).
 const LEADER_SHARE: f64 = 0.4;
+
+/// Which clock the fault skews.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Skew {
+    /// `clock`: the wall clock only (offset, sometimes a rate); `Instant` stays true.
+    #[default]
+    Wall,
+    /// `clock-rate`: the monotonic clock too, at a rate (no offset).
+    MonotonicRate,
+}
 
 /// Why the clock nemesis cannot run here, or `None` when libfaketime is installed.
 pub fn unavailable_reason() -> Option<String> {
@@ -59,6 +87,7 @@ pub fn unavailable_reason() -> Option<String> {
 
 #[derive(Debug, Default)]
 pub struct ClockNemesis {
+    skew: Skew,
     /// The node running under libfaketime.
     skewed: Option<usize>,
 }
@@ -81,6 +110,37 @@ fn restart_with(
 }
 
 impl ClockNemesis {
+    /// The `clock-rate` nemesis: the node's monotonic clock (and wall clock) runs at a rate.
+    pub fn rate() -> Self {
+        ClockNemesis { skew: Skew::MonotonicRate, skewed: None }
+    }
+
+    /// The `FAKETIME` value and the other variables of one skewed start.
+    fn environment(&self, rng: &mut StdRng) -> (String, Vec<(String, String)>) {
+        let faketime = match self.skew {
+            Skew::Wall => {
+                let offset = rng.random_range(OFFSET_S.0..=OFFSET_S.1);
+                let sign = if rng.random_bool(0.5) { "+" } else { "-" };
+                if rng.random_bool(0.5) {
+                    format!("{sign}{offset}s")
+                } else {
+                    format!("{sign}{offset}s x{}", RATES[rng.random_range(0..RATES.len())])
+                }
+            }
+            Skew::MonotonicRate => {
+                format!("+0 x{}", MONOTONIC_RATES[rng.random_range(0..MONOTONIC_RATES.len())])
+            }
+        };
+        let mut vars = vec![
+            ("LD_PRELOAD".to_string(), LIBFAKETIME.to_string()),
+            ("FAKETIME".to_string(), faketime.clone()),
+        ];
+        if self.skew == Skew::Wall {
+            vars.push(("FAKETIME_DONT_FAKE_MONOTONIC".to_string(), "1".to_string()));
+        }
+        (faketime, vars)
+    }
+
     fn skew(
         &mut self,
         env: &mut dyn Faults,
@@ -100,30 +160,22 @@ impl ClockNemesis {
             Some(l) if rng.random_bool(LEADER_SHARE) => (l, true),
             _ => (running[rng.random_range(0..running.len())], false),
         };
-        let offset = rng.random_range(OFFSET_S.0..=OFFSET_S.1);
-        let sign = if rng.random_bool(0.5) { "+" } else { "-" };
-        let faketime = if rng.random_bool(0.5) {
-            format!("{sign}{offset}s")
-        } else {
-            format!("{sign}{offset}s x{}", RATES[rng.random_range(0..RATES.len())])
-        };
-        let vars = vec![
-            ("LD_PRELOAD".to_string(), LIBFAKETIME.to_string()),
-            ("FAKETIME".to_string(), faketime.clone()),
-            ("FAKETIME_DONT_FAKE_MONOTONIC".to_string(), "1".to_string()),
-        ];
+        let (faketime, vars) = self.environment(rng);
         // Marked before the restart, so a failure half-way is still healed.
         self.skewed = Some(target);
         restart_with(env, target, vars)?;
         let hold = between(rng, HOLD_MIN, HOLD_MAX);
         Ok(Some(Injected {
             event: FaultEvent {
-                f: "clock".to_string(),
+                f: self.name().to_string(),
                 value: json!({
                     "nodes": [env.node_name(target)],
                     "leader": leader_target,
                     "faketime": faketime,
-                    "monotonic": "real",
+                    "monotonic": match self.skew {
+                        Skew::Wall => "real",
+                        Skew::MonotonicRate => "skewed",
+                    },
                     "hold_ms": hold.as_millis() as u64,
                 }),
             },
@@ -143,7 +195,10 @@ impl ClockNemesis {
 
 impl Nemesis for ClockNemesis {
     fn name(&self) -> &'static str {
-        "clock"
+        match self.skew {
+            Skew::Wall => "clock",
+            Skew::MonotonicRate => "clock-rate",
+        }
     }
 
     fn inject<'a>(
@@ -159,5 +214,47 @@ impl Nemesis for ClockNemesis {
     fn heal<'a>(&'a mut self, env: &'a mut dyn Faults) -> FaultFuture<'a, Vec<FaultEvent>> {
         let r = self.unskew(env);
         Box::pin(std::future::ready(r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    fn var<'a>(vars: &'a [(String, String)], name: &str) -> Option<&'a str> {
+        vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn wall_skew_keeps_the_monotonic_clock_true() {
+        let mut rng = StdRng::seed_from_u64(1);
+        let n = ClockNemesis::default();
+        assert_eq!(n.name(), "clock");
+        for _ in 0..50 {
+            let (faketime, vars) = n.environment(&mut rng);
+            assert_eq!(var(&vars, "FAKETIME"), Some(faketime.as_str()));
+            assert_eq!(var(&vars, "FAKETIME_DONT_FAKE_MONOTONIC"), Some("1"));
+            assert_eq!(var(&vars, "LD_PRELOAD"), Some(LIBFAKETIME));
+            assert!(faketime.starts_with(['+', '-']), "{faketime}");
+        }
+    }
+
+    #[test]
+    fn rate_skew_fakes_the_monotonic_clock_at_a_rate() {
+        let mut rng = StdRng::seed_from_u64(2);
+        let n = ClockNemesis::rate();
+        assert_eq!(n.name(), "clock-rate");
+        let mut seen = std::collections::BTreeSet::new();
+        for _ in 0..200 {
+            let (faketime, vars) = n.environment(&mut rng);
+            assert_eq!(var(&vars, "FAKETIME"), Some(faketime.as_str()));
+            assert_eq!(var(&vars, "FAKETIME_DONT_FAKE_MONOTONIC"), None, "monotonic must be faked");
+            let rate = faketime.strip_prefix("+0 x").expect("no offset, only a rate");
+            assert!(MONOTONIC_RATES.contains(&rate), "{faketime}");
+            seen.insert(rate.to_string());
+        }
+        assert_eq!(seen.len(), MONOTONIC_RATES.len(), "every rate is drawn: {seen:?}");
     }
 }

@@ -57,7 +57,7 @@ pub enum FaultError {
     /// The environment cannot inject this fault (e.g. a partition in loopback mode).
     #[error("{fault} is not supported in {mode} mode")]
     Unsupported { fault: &'static str, mode: &'static str },
-    #[error("unknown nemesis {0:?} (known: kill, pause, partition, member, admin, clock, none)")]
+    #[error("unknown nemesis {0:?} (known: kill, pause, partition, member, admin, clock, clock-rate, none)")]
     UnknownNemesis(String),
     /// A primitive fault failed (a signal could not be sent, a process could not be spawned).
     #[error("{0}")]
@@ -170,7 +170,7 @@ pub trait Nemesis: Send {
 }
 
 /// Builds the nemeses named on the command line (`kill`, `pause`, `partition`, `member`,
-/// `admin`, `clock`; `none` for no faults). `workload` decides whether `admin` may compact:
+/// `admin`, `clock`, `clock-rate`; `none` for no faults). `workload` decides whether `admin` may compact:
 /// the lock and lease checkers need the key-event log from revision 1.
 pub fn build(names: &[String], workload: &str) -> Result<Vec<Box<dyn Nemesis>>, FaultError> {
     let mut out: Vec<Box<dyn Nemesis>> = Vec::new();
@@ -184,6 +184,7 @@ pub fn build(names: &[String], workload: &str) -> Result<Vec<Box<dyn Nemesis>>, 
                 out.push(Box::new(admin::AdminNemesis::new(admin::compaction_allowed(workload))))
             }
             "clock" => out.push(Box::new(clock::ClockNemesis::default())),
+            "clock-rate" => out.push(Box::new(clock::ClockNemesis::rate())),
             "none" => {}
             other => return Err(FaultError::UnknownNemesis(other.to_string())),
         }

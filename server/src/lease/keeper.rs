@@ -44,9 +44,18 @@ impl LeaseClock {
         *self.deadlines.entry(id).or_insert_with(|| now + ttl(ttl_seconds))
     }
 
-    /// A keep-alive: the lease lives a full TTL from now.
-    pub fn renew(&mut self, id: i64, ttl_seconds: i64, now: Instant) {
+    /// A keep-alive: the lease lives a full TTL from now. Refused (returns `false`) once the
+    /// lease's deadline has passed on this leader: from that moment the expiry task has
+    /// proposed, or is about to propose, its revoke in this term, and that revoke will apply.
+    /// Renewing then would answer the client with a TTL the lease is not going to get (found by
+    /// the Jepsen lease workload: a keep-alive racing an in-flight expiry was answered "TTL 2"
+    /// and the lease vanished 0.3 s later). etcd's lessor refuses such renewals the same way.
+    pub fn renew(&mut self, id: i64, ttl_seconds: i64, now: Instant) -> bool {
+        if self.deadlines.get(&id).is_some_and(|d| *d <= now) {
+            return false;
+        }
         self.deadlines.insert(id, now + ttl(ttl_seconds));
+        true
     }
 
     /// Seconds left, rounded up (as etcd reports it), never negative.
@@ -89,6 +98,23 @@ fn ttl(seconds: i64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keepalive_after_the_deadline_is_refused() {
+        let t0 = Instant::now();
+        let mut c = LeaseClock::default();
+        c.set_leader_term(Some(2));
+        c.deadline(1, 2, t0);
+        // Before the deadline a keep-alive extends the lease...
+        assert!(c.renew(1, 2, t0 + Duration::from_millis(1900)));
+        // ...but once the deadline has passed the expiry may already be proposed: refused, and
+        // the lease stays expired.
+        assert!(!c.renew(1, 2, t0 + Duration::from_millis(3900)));
+        assert_eq!(c.expired([(1, 2)], t0 + Duration::from_millis(3900)), vec![1]);
+        // A new leader term gives every lease its full TTL again, so it may be renewed.
+        c.set_leader_term(Some(3));
+        assert!(c.renew(1, 2, t0 + Duration::from_millis(4000)));
+    }
 
     #[test]
     fn new_leader_gives_full_ttl_and_keepalive_extends() {
