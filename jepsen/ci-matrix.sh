@@ -57,6 +57,7 @@ matrix=(
     "lock-fenced-set-partition|lock-fenced-set|partition|0"
     "watch-kill|watch|kill|0"
     "lease-pause|lease|pause|0"
+    "queue-kill|queue|kill|0"
     "lock-set-pause-control|lock-set|pause|1"
 )
 

@@ -19,6 +19,8 @@ const PROTOS: &[&str] = &[
     "picket/raft/v1/raft.proto",
     "picket/storage/v1/storage.proto",
     "picket/v1/picket.proto",
+    "picket/v1/subscription.proto",
+    "picket/v1/queue.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

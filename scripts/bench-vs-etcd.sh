@@ -2,8 +2,12 @@
 # Starts a three-node Picket cluster and a three-node etcd 3.4 cluster (Debian's etcd-server,
 # default durability: fsync on commit) on this machine, runs each workload against each in
 # alternation, and prints one line per run. Usage: scripts/bench-vs-etcd.sh [seconds] [rounds]
-# Set BENCH_ONLY to a space-separated list of workload names (e.g. "get lease-hold watch") to run
-# only those.
+# Set BENCH_ONLY to a space-separated list of workload names (e.g. "put-1 put-64 get lease-hold
+# watch"; put-1 and put-64 are the 1- and 64-client puts, "put" selects both) to run only those.
+# Every round runs each workload against Picket, then etcd. At the end a summary table gives,
+# per workload, the median over the rounds of ops/s, p50 and p99 for each, the Picket/etcd ratio
+# of the medians, and for puts the servers' resident memory (sum of the three members' VmRSS,
+# peak of samples taken every 0.5 s during the run, median over rounds).
 # Both clusters live under a temp dir that is removed at the end; every process started here is
 # killed by PID on exit.
 set -euo pipefail
@@ -14,12 +18,14 @@ rounds="${2:-1}"
 # happen to a machine that already has everything.
 command -v etcd >/dev/null && command -v etcdctl >/dev/null || scripts/setup-deps.sh
 # The same command CI uses, so feature unification (and the RocksDB build) is shared with it.
-cargo build --workspace --release
+# BENCH_NO_BUILD=1 uses the binaries already built (e.g. while other work is changing the tree).
+[ -n "${BENCH_NO_BUILD:-}" ] || cargo build --workspace --release
 bin="${CARGO_TARGET_DIR:-target}/release"
 # PICKETD_BIN runs another picketd build (e.g. a copy of an older commit's) for before/after.
 picketd="${PICKETD_BIN:-$bin/picketd}"
 root=$(mktemp -d /tmp/picket-bench.XXXXXX)
 pids=()
+results="$root/results.tsv"
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
@@ -56,27 +62,62 @@ for base in 41000 42000; do
     sleep 0.5
   done
 done
-# True when the workload is selected (BENCH_ONLY unset or naming it).
-want() { [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]]; }
-run() { # workload clients conns
+# True when the workload is selected (BENCH_ONLY unset or naming it, or naming its family:
+# "put" selects put-1 and put-64).
+want() {
+  [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]] \
+    || { [[ "$1" == put-* ]] && [[ " $BENCH_ONLY " == *" put "* ]]; }
+}
+# Peak of the summed VmRSS (KiB) of the given PIDs, sampled every 0.5 s until killed; the
+# result goes to file $1. Bounded by the caller, which kills it when its workload ends.
+sample_rss() { # out pid...
+  local out=$1 peak=0 total p kb
+  shift
+  while true; do
+    total=0
+    for p in "$@"; do
+      kb=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+      total=$((total + ${kb:-0}))
+    done
+    [ "$total" -gt "$peak" ] && peak=$total && echo "$peak" >"$out"
+    sleep 0.5
+  done
+}
+run() { # name workload clients conns [rss]
   want "$1" || return 0
+  local kind base line rss_pid rss
   for kind in picket etcd; do
-    local base=41000
-    [ "$kind" = etcd ] && base=42000
+    base=41000; p=("${picket_pids[@]}")
+    [ "$kind" = etcd ] && { base=42000; p=("${etcd_pids[@]}"); }
     printf '%-7s ' "$kind"
-    "$bin/picket-bench" --endpoints "$(eps $base)" --workload "$1" --clients "$2" --conns "$3" --seconds "$secs" \
-      || echo "failed (exit $?)"
+    rss_pid=""
+    if [ -n "${5:-}" ]; then
+      rm -f "$root/rss"
+      sample_rss "$root/rss" "${p[@]}" &
+      rss_pid=$!
+      pids+=("$rss_pid")
+    fi
+    line=$("$bin/picket-bench" --endpoints "$(eps $base)" --workload "$2" --clients "$3" --conns "$4" \
+      --seconds "$secs" || echo "failed (exit $?)")
+    rss=""
+    if [ -n "$rss_pid" ]; then
+      kill "$rss_pid" 2>/dev/null || true
+      wait "$rss_pid" 2>/dev/null || true
+      rss=$(cat "$root/rss" 2>/dev/null || echo 0)
+    fi
+    echo "$line${rss:+ rss_kib=$rss}"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$r" "$1" "$kind" "$line" "$rss" >>"$results"
   done
 }
 for r in $(seq "$rounds"); do
-  echo "# round $r"
-  run put 1 1
-  run put 64 8
-  run get 64 8
-  run get-serializable 64 8
-  run lock-contended 8 8
-  run lock-uncontended 32 8
-  run lease-cycle 16 4
+  echo "# round $r (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
+  run put-1 put 1 1
+  run put-64 put 64 8 rss
+  run get get 64 8
+  run get-serializable get-serializable 64 8
+  run lock-contended lock-contended 8 8
+  run lock-uncontended lock-uncontended 32 8
+  run lease-cycle lease-cycle 16 4
   # lease-hold: the bench samples the servers' CPU (from /proc) over its measured window only,
   # not over granting and revoking the 2,000 leases.
   want lease-hold && for kind in picket etcd; do
@@ -99,3 +140,33 @@ for r in $(seq "$rounds"); do
     done
   done
 done
+echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+# Medians over the rounds, and Picket/etcd ratios of the medians.
+[ -s "$results" ] && python3 - "$results" <<'PY'
+import re, statistics, sys
+runs = {}
+for row in open(sys.argv[1]):
+    rnd, name, kind, line, rss = (row.rstrip("\n").split("\t") + [""])[:5]
+    m = {k: v for k, v in re.findall(r"([\w/]+)=([\d.]+)", line)}
+    if "ops/s" not in m:
+        continue
+    r = runs.setdefault(name, {}).setdefault(kind, {"ops": [], "p50": [], "p99": [], "rss": []})
+    r["ops"].append(float(m["ops/s"]))
+    r["p50"].append(float(m["p50"]))
+    r["p99"].append(float(m["p99"]))
+    if rss:
+        r["rss"].append(int(rss) / 1024)
+med = lambda xs: statistics.median(xs) if xs else float("nan")
+print("| workload | rounds | Picket ops/s | etcd ops/s | ratio | Picket p50 / p99 ms | etcd p50 / p99 ms | p99 ratio | RSS MiB Picket / etcd |")
+print("|---|---|---|---|---|---|---|---|---|")
+for name, kinds in runs.items():
+    p, e = kinds.get("picket"), kinds.get("etcd")
+    if not p or not e:
+        continue
+    rss = ""
+    if p["rss"] and e["rss"]:
+        rss = f"{med(p['rss']):.0f} / {med(e['rss']):.0f}"
+    print(f"| {name} | {len(p['ops'])} | {med(p['ops']):,.0f} | {med(e['ops']):,.0f} | "
+          f"{med(p['ops']) / med(e['ops']):.2f} | {med(p['p50']):.2f} / {med(p['p99']):.2f} | "
+          f"{med(e['p50']):.2f} / {med(e['p99']):.2f} | {med(p['p99']) / med(e['p99']):.2f} | {rss} |")
+PY

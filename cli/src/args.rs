@@ -2,6 +2,7 @@
 //! several commands (durations, hex ids). Each command's own flags live next to its code in
 //! `cmd/`.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -26,7 +27,8 @@ pub struct Cli {
 /// Options every command takes.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Global {
-    /// Client URLs of some members (host:port or http://host:port), comma-separated.
+    /// Client URLs of some members (host:port, http://host:port or https://host:port),
+    /// comma-separated.
     #[arg(
         long,
         global = true,
@@ -44,6 +46,28 @@ pub struct Global {
     /// Output format: human tables, JSON for scripts, or etcdctl-like plain lines.
     #[arg(short = 'w', long = "write-out", global = true, value_enum, default_value_t = Format::Table)]
     pub write_out: Format,
+    /// Verify TLS servers with this CA bundle (PEM); turns on TLS for bare host:port endpoints.
+    #[arg(long = "cacert", id = "tls_cacert", global = true, env = "PICKET_CACERT")]
+    pub cacert: Option<PathBuf>,
+    /// Client certificate (PEM) to present to servers that require one (with --key).
+    #[arg(long = "cert", id = "tls_cert", global = true, env = "PICKET_CERT")]
+    pub cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(long = "key", id = "tls_key", global = true, env = "PICKET_KEY")]
+    pub key: Option<PathBuf>,
+    /// Authenticate as this user: `name` or `name:password` (etcdctl's `--user`). Without a
+    /// password here or in --password, it is read from stdin.
+    #[arg(long, global = true, env = "PICKET_USER")]
+    pub user: Option<String>,
+    /// The password of --user (etcdctl's `--password`).
+    #[arg(long, global = true, env = "PICKET_PASSWORD", hide_env_values = true)]
+    pub password: Option<String>,
+    /// The TLS options read from --cacert/--cert/--key (filled in by `cmd::run`).
+    #[arg(skip)]
+    pub tls: Option<picket_client::TlsOptions>,
+    /// `(user, password)` from --user/--password (filled in by `cmd::run`).
+    #[arg(skip)]
+    pub credentials: Option<(String, String)>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -85,6 +109,21 @@ pub enum Command {
     /// Cluster alarms.
     #[command(subcommand)]
     Alarm(cmd::endpoint::AlarmCmd),
+    /// Durable subscriptions: consumer groups with a committed position.
+    #[command(subcommand)]
+    Sub(cmd::sub::SubCmd),
+    /// Durable work queues: enqueue, claim (fenced, lease-tied), ack, nack, inspect, dead letters.
+    #[command(subcommand)]
+    Queue(cmd::queue::QueueCmd),
+    /// Add, delete, list and inspect users; change passwords; grant and revoke roles.
+    #[command(subcommand)]
+    User(cmd::auth::UserCmd),
+    /// Add, delete, list and inspect roles; grant and revoke key-range permissions.
+    #[command(subcommand)]
+    Role(cmd::auth::RoleCmd),
+    /// Turn authentication on or off, or show whether it is on.
+    #[command(subcommand)]
+    Auth(cmd::auth::AuthCmd),
     /// Run a three-member cluster on this machine until Ctrl-C.
     LocalCluster(cmd::local_cluster::LocalClusterArgs),
     /// Print a shell completion script (e.g. `picket completion bash > /etc/bash_completion.d/picket`).

@@ -8,6 +8,7 @@ mod args;
 mod cmd;
 mod exit;
 mod output;
+mod tls;
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -9,9 +9,9 @@ use picket_proto::etcdserverpb::maintenance_client::MaintenanceClient;
 use picket_proto::etcdserverpb::StatusRequest;
 use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
-use tonic::transport::Channel;
 use tonic::Status;
 
+use crate::auth::{token_refused, Chan};
 use crate::error::{classify, Error, Failure};
 use crate::options::ConnectOptions;
 use crate::pool::Pool;
@@ -84,10 +84,10 @@ impl Client {
         let pool = Pool::new(&urls, &opts)?;
         let client =
             Client { inner: Arc::new(Inner { pool, opts, discovering: AtomicBool::new(false) }) };
-        match client.discover_leader().await {
-            Ok(()) => Ok(client),
-            Err(e) => Err(e),
-        }
+        client.discover_leader().await?;
+        // With credentials, fetch a token before the first request (etcd's clients do too).
+        client.authenticate().await?;
+        Ok(client)
     }
 
     /// The endpoints this client was given, normalised to URLs.
@@ -174,7 +174,44 @@ impl Client {
     /// again could apply it twice.
     pub(crate) async fn call<T, F, Fut>(&self, retry: Retry, f: F) -> Result<T, Error>
     where
-        F: Fn(Channel) -> Fut,
+        F: Fn(Chan) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
+        if self.inner.opts.credentials.is_none() {
+            return self.call_unauthenticated(retry, f).await;
+        }
+        let refused = AtomicBool::new(false);
+        let watch = |ch: Chan| {
+            let fut = f(ch);
+            let refused = &refused;
+            async move {
+                let r = fut.await;
+                if let Err(s) = &r {
+                    refused.store(token_refused(s), Ordering::Relaxed);
+                }
+                r
+            }
+        };
+        let first = self.call_unauthenticated(retry, &watch).await;
+        if first.is_ok() || !refused.load(Ordering::Relaxed) {
+            return first;
+        }
+        // The token expired, or the auth store changed under the request. The server refused
+        // the request before it took effect (see `auth::token_refused`), so fetching a new
+        // token and sending it once more cannot apply it twice. Once: a second refusal means
+        // the credentials themselves are the problem, and is returned.
+        self.authenticate().await?;
+        self.call_unauthenticated(retry, f).await
+    }
+
+    /// [`Client::call`] without re-authentication (for `Authenticate` itself).
+    pub(crate) async fn call_unauthenticated<T, F, Fut>(
+        &self,
+        retry: Retry,
+        f: F,
+    ) -> Result<T, Error>
+    where
+        F: Fn(Chan) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
         let opts = &self.inner.opts;
@@ -246,8 +283,8 @@ impl Client {
 
     /// A channel to one endpoint (by index), for requests that must go to a specific member
     /// (`Status`, `HashKV`, `Defragment`, snapshots).
-    pub(crate) async fn channel_to(&self, endpoint: &str) -> Result<Channel, Error> {
-        let want = crate::pool::normalize(endpoint);
+    pub(crate) async fn channel_to(&self, endpoint: &str) -> Result<Chan, Error> {
+        let want = crate::pool::normalize(endpoint, self.inner.opts.tls.is_some());
         let pool = &self.inner.pool;
         let idx = (0..pool.len()).find(|i| pool.url(*i) == want);
         match idx {
@@ -255,16 +292,11 @@ impl Client {
                 pool.channel(idx).await.map_err(|e| Error::Unavailable(format!("{want}: {e}")))
             }
             None => {
-                let ep = tonic::transport::Endpoint::from_shared(want.clone())
-                    .map_err(|e| Error::InvalidEndpoint {
-                        endpoint: want.clone(),
-                        reason: e.to_string(),
-                    })?
-                    .connect_timeout(self.inner.opts.dial_timeout)
-                    .tcp_nodelay(true);
-                ep.connect().await.map_err(|e| {
+                let ep = crate::pool::endpoint(&want, &self.inner.opts)?;
+                let ch = ep.connect().await.map_err(|e| {
                     Error::Unavailable(format!("{want}: {}", crate::pool::error_chain(&e)))
-                })
+                })?;
+                Ok(tonic::service::interceptor::InterceptedService::new(ch, pool.token().clone()))
             }
         }
     }

@@ -82,6 +82,20 @@ pub enum Error {
         /// The server's message, verbatim.
         message: String,
     },
+    /// A subscription group's history was compacted before the group consumed it (it lagged
+    /// past its bound, so compaction stopped waiting for it). Events between `committed + 1`
+    /// and `compacted - 1` are gone; nothing was skipped silently. Re-read the current state
+    /// of the range, then [`Client::skip_lost_history`](crate::Client::skip_lost_history) to
+    /// resume from the compaction point.
+    #[error("lost history: committed {committed}, compacted through {compacted} (group {group})")]
+    LostHistory {
+        /// The group name.
+        group: String,
+        /// The group's committed revision.
+        committed: i64,
+        /// The store's compaction point: the oldest revision a watch can still start at.
+        compacted: i64,
+    },
     /// An endpoint URL could not be parsed.
     #[error("invalid endpoint {endpoint:?}: {reason}")]
     InvalidEndpoint {

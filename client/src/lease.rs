@@ -102,10 +102,7 @@ impl KeepAliveStream {
     /// Opens a stream on `ch` and renews `id` on it. The first request is queued before the
     /// call: grpc-go servers (etcd) send no response headers until the first message arrives,
     /// so waiting for the call to open before sending would deadlock.
-    pub(crate) async fn open(
-        ch: tonic::transport::Channel,
-        id: i64,
-    ) -> Result<(Self, i64), tonic::Status> {
+    pub(crate) async fn open(ch: crate::auth::Chan, id: i64) -> Result<(Self, i64), tonic::Status> {
         // One request in flight at a time: a channel of 1 is enough.
         let (tx, req_rx) = mpsc::channel(1);
         tx.send(LeaseKeepAliveRequest { id })

@@ -42,6 +42,7 @@
 
 #![warn(missing_docs)]
 
+mod auth;
 mod client;
 mod election;
 mod error;
@@ -52,10 +53,14 @@ mod lock;
 mod maintenance;
 mod options;
 mod pool;
+pub mod queue;
+pub use queue::{ClaimOptions, ClaimedJob, EnqueueOptions, Queue};
 mod session;
+mod subscription;
 mod txn;
 mod watch;
 
+pub use auth::Credentials;
 pub use client::Client;
 pub use election::Leadership;
 pub use error::Error;
@@ -63,13 +68,16 @@ pub use fence::{FenceGate, StaleToken};
 pub use kv::{prefix_end, DeleteOptions, GetOptions, KeyRange, PutOptions, SortBy};
 pub use lock::{Fence, LockGuard, LockOptions, DEFAULT_LOCK_TTL};
 pub use maintenance::SnapshotChunk;
-pub use options::ConnectOptions;
+pub use options::{ConnectOptions, TlsOptions};
 pub use session::{LostReason, Session, SessionOptions};
+pub use subscription::{GroupInfo, GroupOptions, Subscription};
 pub use txn::{Compare, CompareOp, Txn, TxnOp};
 pub use watch::{WatchBatch, WatchOptions, WatchStream};
 
 /// The etcd wire types responses are made of (`KeyValue`, `Event`, `ResponseHeader`, ...).
 pub mod proto {
+    /// A role's key-range permission (`role_get`).
+    pub use picket_proto::authpb::Permission;
     pub use picket_proto::etcdserverpb::{
         AlarmMember, CompactionResponse, DeleteRangeResponse, HashKvResponse, LeaseGrantResponse,
         LeaseRevokeResponse, LeaseTimeToLiveResponse, Member, MemberAddResponse, PutResponse,

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::auth::{Chan, TokenSlot};
 use crate::error::Error;
 use crate::options::ConnectOptions;
 
@@ -20,6 +21,8 @@ pub(crate) struct Pool {
     members: Vec<Member>,
     preferred: AtomicUsize,
     avoid_for: Duration,
+    /// The auth token every connection sends (`crate::auth`); empty without credentials.
+    token: TokenSlot,
 }
 
 struct Member {
@@ -32,13 +35,39 @@ struct Member {
     avoid_until: Mutex<Option<Instant>>,
 }
 
-/// Adds `http://` to a bare `host:port`, as etcdctl does.
-pub(crate) fn normalize(url: &str) -> String {
+/// Adds a scheme to a bare `host:port`, as etcdctl does: `https://` when TLS is configured,
+/// `http://` otherwise.
+pub(crate) fn normalize(url: &str, tls: bool) -> String {
     if url.contains("://") {
         url.to_string()
+    } else if tls {
+        format!("https://{url}")
     } else {
         format!("http://{url}")
     }
+}
+
+/// The endpoint for `url` (already normalised) with the connection options: TLS for an
+/// `https://` URL, which therefore needs [`ConnectOptions::tls`]. Without it the endpoint is
+/// refused here rather than left to fail at every connect.
+pub(crate) fn endpoint(url: &str, opts: &ConnectOptions) -> Result<Endpoint, Error> {
+    let invalid = |reason: String| Error::InvalidEndpoint { endpoint: url.to_string(), reason };
+    let mut endpoint = Endpoint::from_shared(url.to_string())
+        .map_err(|e| invalid(e.to_string()))?
+        .connect_timeout(opts.dial_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(opts.keep_alive_interval)
+        .keep_alive_timeout(opts.keep_alive_timeout)
+        .keep_alive_while_idle(true);
+    if url.get(..8).is_some_and(|s| s.eq_ignore_ascii_case("https://")) {
+        let tls = opts.tls.as_ref().ok_or_else(|| {
+            invalid("an https:// endpoint needs TLS options (ConnectOptions::with_tls)".into())
+        })?;
+        endpoint = endpoint
+            .tls_config(tls.to_tonic())
+            .map_err(|e| invalid(format!("TLS options: {}", error_chain(&e))))?;
+    }
+    Ok(endpoint)
 }
 
 impl Pool {
@@ -51,17 +80,8 @@ impl Pool {
         }
         let mut members = Vec::with_capacity(urls.len());
         for url in urls {
-            let url = normalize(url);
-            let endpoint = Endpoint::from_shared(url.clone())
-                .map_err(|e| Error::InvalidEndpoint {
-                    endpoint: url.clone(),
-                    reason: e.to_string(),
-                })?
-                .connect_timeout(opts.dial_timeout)
-                .tcp_nodelay(true)
-                .http2_keep_alive_interval(opts.keep_alive_interval)
-                .keep_alive_timeout(opts.keep_alive_timeout)
-                .keep_alive_while_idle(true);
+            let url = normalize(url, opts.tls.is_some());
+            let endpoint = endpoint(&url, opts)?;
             members.push(Member {
                 url,
                 endpoint,
@@ -69,7 +89,12 @@ impl Pool {
                 avoid_until: Mutex::new(None),
             });
         }
-        Ok(Self { members, preferred: AtomicUsize::new(0), avoid_for: opts.avoid_failed_for })
+        Ok(Self {
+            members,
+            preferred: AtomicUsize::new(0),
+            avoid_for: opts.avoid_failed_for,
+            token: TokenSlot::default(),
+        })
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -127,16 +152,21 @@ impl Pool {
     /// The connection to endpoint `idx`, made now if there is none. Connecting is bounded by
     /// the dial timeout; a failure here means no request was sent. The error does not name
     /// the endpoint; callers add it.
-    pub(crate) async fn channel(&self, idx: usize) -> Result<Channel, String> {
+    pub(crate) fn token(&self) -> &TokenSlot {
+        &self.token
+    }
+
+    /// The connection to endpoint `idx` (made on first use), sending the auth token.
+    pub(crate) async fn channel(&self, idx: usize) -> Result<Chan, String> {
         let member = &self.members[idx];
         let mut slot = member.channel.lock().await;
         if let Some(ch) = slot.as_ref() {
-            return Ok(ch.clone());
+            return Ok(Chan::new(ch.clone(), self.token.clone()));
         }
         match member.endpoint.connect().await {
             Ok(ch) => {
                 *slot = Some(ch.clone());
-                Ok(ch)
+                Ok(Chan::new(ch, self.token.clone()))
             }
             Err(e) => Err(error_chain(&e)),
         }
@@ -175,9 +205,25 @@ mod tests {
 
     #[test]
     fn bare_addresses_get_a_scheme() {
-        assert_eq!(normalize("127.0.0.1:2379"), "http://127.0.0.1:2379");
-        assert_eq!(normalize("https://a:1"), "https://a:1");
+        assert_eq!(normalize("127.0.0.1:2379", false), "http://127.0.0.1:2379");
+        assert_eq!(normalize("127.0.0.1:2379", true), "https://127.0.0.1:2379");
+        assert_eq!(normalize("https://a:1", false), "https://a:1");
+        assert_eq!(normalize("http://a:1", true), "http://a:1");
         assert!(Pool::new(&[], &ConnectOptions::default()).is_err());
+    }
+
+    #[test]
+    fn https_endpoints_need_tls_options() {
+        let err = Pool::new(&["https://127.0.0.1:1".to_string()], &ConnectOptions::default())
+            .err()
+            .expect("refused");
+        assert!(err.to_string().contains("ConnectOptions::with_tls"), "{err}");
+        let opts =
+            ConnectOptions::default().with_tls(crate::TlsOptions::new().with_ca_cert(
+                "-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n",
+            ));
+        let err = Pool::new(&["https://127.0.0.1:1".to_string()], &opts).err().expect("bad CA");
+        assert!(err.to_string().contains("TLS options"), "{err}");
     }
 
     #[tokio::test]

@@ -194,7 +194,7 @@ impl TestOptions {
         if self.ops_per_key == 0 {
             return bad("--ops-per-key must be positive");
         }
-        if self.nemeses.iter().any(|n| n == "clock") {
+        if self.nemeses.iter().any(|n| n == "clock" || n == "clock-rate") {
             if let Some(why) = nemesis::clock::unavailable_reason() {
                 return Err(RunError::Options(format!("the clock nemesis cannot run: {why}")));
             }
@@ -639,6 +639,11 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
         nodes: opts.nodes,
         lease_ttl: opts.lease_ttl,
     };
+    if opts.workload == "queue" && opts.target != crate::cluster::Target::Picket {
+        return Err(RunError::Options(
+            "the queue workload is Picket-only (picket.v1.Queue has no etcd equivalent)".into(),
+        ));
+    }
     let workload = match Workload::new(&opts.workload, wopts) {
         // Client stalls (a holder sleeping past its TTL) come with the pause nemesis.
         Some(Workload::Lock(l)) => {

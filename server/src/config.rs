@@ -30,6 +30,11 @@ pub const DEFAULT_SNAPSHOT_COUNT: u64 = 10_000;
     about = "Picket: a Raft-replicated coordination service speaking the etcd v3 API"
 )]
 pub struct Config {
+    /// A YAML file of flags with etcd's key names (`name`, `data-dir`, `initial-cluster`, ...),
+    /// read by `crate::config_file`. Flags on the command line override the file.
+    #[arg(long = "config-file", env = "PICKET_CONFIG_FILE")]
+    pub config_file: Option<PathBuf>,
+
     /// Human-readable name of this member; also determines its member id.
     #[arg(long, env = "PICKET_NAME", default_value = DEFAULT_NAME)]
     pub name: String,
@@ -94,9 +99,34 @@ pub struct Config {
     #[arg(long = "max-request-bytes", env = "PICKET_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
 
+    /// Largest size of the backend (the state machine's store, not the Raft log) before a
+    /// NOSPACE alarm makes the cluster refuse writes that grow it, in bytes. 0 means the
+    /// default, 2 GiB (etcd's semantics). See `docs/operations.md`, "Storage quota".
+    #[arg(long = "quota-backend-bytes", env = "PICKET_QUOTA_BACKEND_BYTES", default_value_t = 0)]
+    pub quota_backend_bytes: u64,
+
     /// Largest number of operations in one transaction (each branch counted separately).
     #[arg(long = "max-txn-ops", env = "PICKET_MAX_TXN_OPS", default_value_t = DEFAULT_MAX_TXN_OPS)]
     pub max_txn_ops: usize,
+
+    /// Lifetime of an auth token from `Authenticate`, in seconds (etcd's `--auth-token-ttl`,
+    /// default 300). Clients re-authenticate when a token expires. See `docs/operations.md`,
+    /// "Auth".
+    #[arg(long = "auth-token-ttl", env = "PICKET_AUTH_TOKEN_TTL", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub auth_token_ttl: u64,
+
+    /// bcrypt cost of stored password hashes, 4 to 31 (etcd's `--bcrypt-cost`, default 10).
+    /// Each step doubles the time of every UserAdd, password change and Authenticate; tests use
+    /// 4. Hashes keep the cost they were made with.
+    #[arg(long = "bcrypt-cost", env = "PICKET_BCRYPT_COST", default_value_t = crate::auth::password::DEFAULT_COST, value_parser = clap::value_parser!(u32).range(4..=31))]
+    pub bcrypt_cost: u32,
+
+    /// Default lag bound of subscription groups created without one: a group more than this
+    /// many revisions behind the store stops holding compaction back and may lose history.
+    /// Written into each group at creation, so members with different flags still apply the
+    /// same bound.
+    #[arg(long = "sub-max-lag-revisions", env = "PICKET_SUB_MAX_LAG_REVISIONS", default_value_t = crate::subscription::DEFAULT_MAX_LAG_REVISIONS)]
+    pub sub_max_lag_revisions: i64,
 
     /// How often a watcher that asked for progress notifications gets one when idle
     /// (etcd's default is 10 minutes). Accepts `500ms`, `30s`, `10m`.
@@ -123,6 +153,43 @@ pub struct Config {
     /// transfer takes one leader lease (3/4 of an election timeout) plus one election.
     #[arg(long = "shutdown-transfer-timeout", env = "PICKET_SHUTDOWN_TRANSFER_TIMEOUT", value_parser = parse_duration)]
     pub shutdown_transfer_timeout: Option<Duration>,
+
+    /// Certificate (PEM) that client listeners on `https://` URLs present. See `crate::tls`
+    /// and `docs/operations.md`, "TLS".
+    #[arg(long = "cert-file", env = "PICKET_CERT_FILE")]
+    pub cert_file: Option<PathBuf>,
+
+    /// Private key (PEM) of `--cert-file`.
+    #[arg(long = "key-file", env = "PICKET_KEY_FILE")]
+    pub key_file: Option<PathBuf>,
+
+    /// CA bundle (PEM) that client certificates must chain to under `--client-cert-auth`.
+    #[arg(long = "trusted-ca-file", env = "PICKET_TRUSTED_CA_FILE")]
+    pub trusted_ca_file: Option<PathBuf>,
+
+    /// Refuse TLS clients without a certificate signed by `--trusted-ca-file`.
+    /// `--client-cert-auth` and `--client-cert-auth=true` both turn it on.
+    #[arg(long = "client-cert-auth", env = "PICKET_CLIENT_CERT_AUTH", num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub client_cert_auth: bool,
+
+    /// Certificate (PEM) that peer listeners on `https://` URLs present, and that this member
+    /// presents when it dials an `https://` peer.
+    #[arg(long = "peer-cert-file", env = "PICKET_PEER_CERT_FILE")]
+    pub peer_cert_file: Option<PathBuf>,
+
+    /// Private key (PEM) of `--peer-cert-file`.
+    #[arg(long = "peer-key-file", env = "PICKET_PEER_KEY_FILE")]
+    pub peer_key_file: Option<PathBuf>,
+
+    /// CA bundle (PEM) that verifies peers: their server certificates when this member dials
+    /// them, and their client certificates under `--peer-client-cert-auth`. Without it, dials
+    /// to `https://` peers are verified against the system's roots.
+    #[arg(long = "peer-trusted-ca-file", env = "PICKET_PEER_TRUSTED_CA_FILE")]
+    pub peer_trusted_ca_file: Option<PathBuf>,
+
+    /// Refuse peers that do not present a certificate signed by `--peer-trusted-ca-file`.
+    #[arg(long = "peer-client-cert-auth", env = "PICKET_PEER_CLIENT_CERT_AUTH", num_args = 0..=1, default_value_t = false, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub peer_client_cert_auth: bool,
 }
 
 /// The format of log lines (`--log-format`).
@@ -149,6 +216,18 @@ pub enum ConfigError {
     BadTimeouts { heartbeat: u64, election: u64 },
     #[error("--{0} must be greater than zero")]
     Zero(&'static str),
+    #[error(
+        "{url} in --{url_flag} is https://, which needs --{cert_flag} and --{key_flag} \
+         (or use an http:// URL to serve plain text)"
+    )]
+    TlsWithoutCert {
+        url_flag: &'static str,
+        url: String,
+        cert_flag: &'static str,
+        key_flag: &'static str,
+    },
+    #[error("--{flag} needs --{needs}")]
+    FlagNeeds { flag: &'static str, needs: &'static str },
 }
 
 /// One member of the initial cluster.
@@ -179,7 +258,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-fn split_urls(s: &str) -> Vec<String> {
+pub(crate) fn split_urls(s: &str) -> Vec<String> {
     s.split(',').map(str::trim).filter(|u| !u.is_empty()).map(str::to_string).collect()
 }
 
@@ -191,8 +270,12 @@ pub fn url_to_addr(flag: &'static str, url: &str) -> Result<SocketAddr, ConfigEr
         reason: reason.to_string(),
     };
     let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
-    if parsed.scheme() != "http" {
-        return Err(bad("only http:// is supported (TLS is not implemented yet)"));
+    match parsed.scheme() {
+        "http" => {}
+        // TLS listeners and peers; `crate::tls::validate` checks the certificate flags.
+        "https" if flag != "listen-metrics-urls" => {}
+        "https" => return Err(bad("metrics are served over http:// only")),
+        _ => return Err(bad("only http:// and https:// are supported")),
     }
     let host = parsed.host_str().ok_or_else(|| bad("no host"))?;
     let port = parsed.port().ok_or_else(|| bad("no port"))?;
@@ -334,6 +417,10 @@ impl Config {
         if self.max_txn_ops == 0 {
             return Err(ConfigError::Zero("max-txn-ops"));
         }
+        crate::tls::validate(self)?;
+        if self.sub_max_lag_revisions <= 0 {
+            return Err(ConfigError::Zero("sub-max-lag-revisions"));
+        }
         Ok(())
     }
 }
@@ -386,7 +473,7 @@ mod tests {
         assert!(matches!(bad.validate(), Err(ConfigError::NameNotInCluster(_))));
         let bad = parse(&["--initial-cluster", "default"]);
         assert!(matches!(bad.validate(), Err(ConfigError::BadClusterEntry(_))));
-        let bad = parse(&["--listen-client-urls", "https://127.0.0.1:5"]);
+        let bad = parse(&["--listen-client-urls", "ftp://127.0.0.1:5"]);
         assert!(matches!(bad.validate(), Err(ConfigError::BadUrl { .. })));
         let bad = parse(&["--election-timeout", "200"]);
         assert!(matches!(bad.validate(), Err(ConfigError::BadTimeouts { .. })));

@@ -3,13 +3,17 @@
 use std::io::IsTerminal;
 
 use anyhow::Context;
-use clap::Parser;
 use picket_server::config::{Config, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cfg = Config::parse();
+    // `--config-file`: flags from a YAML file, overridden by the command line.
+    let cfg: Config = match picket_server::config_file::parse() {
+        Ok(cfg) => cfg,
+        Err(picket_server::config_file::ConfigFileError::Args(e)) => e.exit(),
+        Err(e) => anyhow::bail!("{e}"),
+    };
     let filter = EnvFilter::try_new(&cfg.log_level).context("--log-level")?;
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match cfg.log_format {

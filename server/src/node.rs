@@ -11,6 +11,7 @@ use picket_proto::etcdserverpb::watch_server::WatchServer;
 use picket_proto::picket::raft::v1::cluster_service_server::ClusterServiceServer;
 use picket_proto::picket::raft::v1::raft_service_server::RaftServiceServer;
 use picket_proto::picket::v1::locks_server::LocksServer;
+use picket_proto::picket::v1::subscriptions_server::SubscriptionsServer;
 use picket_proto::v3electionpb::election_server::ElectionServer;
 use picket_proto::v3lockpb::lock_server::LockServer;
 use thiserror::Error;
@@ -40,8 +41,10 @@ use crate::raft::service::PeerService;
 use crate::raft::transfer::{self, ShutdownTransfer};
 use crate::raft::types::{NodeId, Raft};
 use crate::storage::log_store::LogStore;
-use crate::storage::rocks::{OpenError, RocksEngine};
+use crate::storage::rocks::OpenError;
 use crate::storage::state_machine::StateMachine;
+use crate::storage::wal_tail::{self, WalTailError};
+use crate::tls::{self, PeerDialer, Side, SideFlags, SideTls};
 
 /// gRPC framing and header overhead allowed on top of `--max-request-bytes`, as etcd does, so
 /// an oversize request reaches our check and gets etcd's error instead of a transport error.
@@ -58,7 +61,7 @@ pub enum NodeError {
     DataDir(std::io::Error),
     #[error("storage: {0}")]
     Engine(#[from] crate::storage::engine::EngineError),
-    /// The store failed its checks at startup ([`RocksEngine::open_verified`]). The member
+    /// The store failed its checks at startup (`storage::wal_tail::open_store`). The member
     /// refuses to start rather than serve data that may differ from its peers'.
     #[error(
         "refusing to start: the data directory {} is corrupt ({detail}). This member will not \
@@ -79,6 +82,8 @@ pub enum NodeError {
     Identity(#[from] IdentityError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A running member. Dropping it does not stop it; call [`RunningNode::shutdown`].
@@ -174,36 +179,54 @@ async fn bind_all(addrs: &[SocketAddr]) -> Result<Vec<TcpListener>, NodeError> {
 /// Starts a member with `cfg`.
 pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     cfg.validate()?;
+    // Certificates are read before anything else, so a bad file stops the start at once with
+    // the flag that names it.
+    let client_tls = SideTls::load(SideFlags::of(&cfg, Side::Client))?;
+    let peer_tls = SideTls::load(SideFlags::of(&cfg, Side::Peer))?;
+    for warning in tls::plain_text_warnings(&cfg) {
+        tracing::warn!("{warning}");
+    }
+    let dialer = PeerDialer::new(&peer_tls);
     let data_dir = cfg.data_dir();
     std::fs::create_dir_all(&data_dir).map_err(NodeError::DataDir)?;
     let members = cfg.initial_members()?;
     // Fixed at the first start (from the flags, or from the cluster for a member that joins
     // with `--initial-cluster-state existing`) and read back from the data dir afterwards.
     let identity::Identity { member_id: node_id, cluster_id } =
-        identity::resolve(&cfg, &members, &data_dir).await?;
+        identity::resolve(&cfg, &members, &data_dir, &dialer).await?;
     tracing::info!(node_id, cluster_id, name = %cfg.name, data_dir = %data_dir.display(), "starting picketd");
 
-    let engine = match RocksEngine::open_verified(data_dir.join("db")) {
-        Ok(engine) => engine,
-        Err(OpenError::Corrupt { detail, .. }) => {
-            let err = NodeError::CorruptDataDir { data_dir: data_dir.clone(), detail };
-            // Logged as well as returned, so the reason is in the structured log an operator
-            // searches, not only in the process's last words on stderr.
-            tracing::error!(node_id, error = %err, "corrupt data directory");
-            return Err(err);
-        }
-        Err(OpenError::Engine(e)) => return Err(e.into()),
+    // A torn, unsynced WAL tail (power loss) is tolerated; anything acknowledged that is
+    // missing is not (`storage::wal_tail`).
+    let corrupt = |detail: String| {
+        let err = NodeError::CorruptDataDir { data_dir: data_dir.clone(), detail };
+        // Logged as well as returned, so the reason is in the structured log an operator
+        // searches, not only in the process's last words on stderr.
+        tracing::error!(node_id, error = %err, "corrupt data directory");
+        err
     };
-    let log_store = LogStore::new(engine.db().clone());
+    let (engine, acked) = match wal_tail::open_store(&data_dir) {
+        Ok(opened) => opened,
+        Err(WalTailError::Open(OpenError::Corrupt { detail, .. })) => return Err(corrupt(detail)),
+        Err(WalTailError::Open(OpenError::Engine(e))) => return Err(e.into()),
+        Err(e) => return Err(corrupt(e.to_string())),
+    };
+    let metrics = Arc::new(Metrics::new(node_id)?);
+    let log_store = LogStore::new(engine.db().clone())
+        .with_metrics(metrics.disk())
+        .with_acked_record(acked.clone());
+    let (last_index, vote_term) = log_store.recovered_position()?;
+    if let Err(e) = wal_tail::verify(&acked, last_index, vote_term) {
+        return Err(corrupt(e.to_string()));
+    }
     let sm = StateMachine::open(engine.clone(), data_dir.join("snapshots"))?;
     let shared = sm.shared().clone();
-
-    let metrics = Arc::new(Metrics::new(node_id)?);
+    shared.set_disk_metrics(metrics.disk());
     let raft_config = bootstrap::raft_config(&cfg)?;
-    let raft = Raft::new(node_id, raft_config, Network::default(), log_store, sm)
+    let raft = Raft::new(node_id, raft_config, Network::new(dialer.clone()), log_store, sm)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
-    let proposer = Proposer::new(raft.clone(), node_id, cfg.request_timeout());
+    let proposer = Proposer::new(raft.clone(), node_id, cfg.request_timeout(), dialer.clone());
     let ctx = Arc::new(Ctx {
         cluster_id,
         member_id: node_id,
@@ -213,6 +236,10 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         max_txn_ops: cfg.max_txn_ops,
         lease_leader: LeaseLeader::default(),
         metrics: metrics.clone(),
+        auth: crate::api::auth::AuthGate {
+            token_ttl: std::time::Duration::from_secs(cfg.auth_token_ttl),
+            bcrypt_cost: cfg.bcrypt_cost,
+        },
     });
 
     // Bind everything before initializing, so a port conflict fails the start cleanly and
@@ -231,14 +258,15 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         stop.clone(),
     );
 
-    for l in peer_listeners {
+    for (l, https) in peer_listeners.into_iter().zip(tls::listener_tls(&cfg, Side::Peer)) {
         let relay = Arc::new(LeaseRelayTarget(ctx.clone()));
         let svc = RaftServiceServer::new(PeerService::new(proposer.clone(), relay))
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);
         let mut stop_rx = stop_rx.clone();
         servers.spawn(
-            tonic::transport::Server::builder()
+            peer_tls
+                .server_builder(https)?
                 .add_service(svc)
                 .add_service(ClusterServiceServer::new(ClusterPeerService::new(control.clone())))
                 // TCP_NODELAY on accepted peer connections: Raft replies are small and
@@ -260,8 +288,10 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
     let max_decode = cfg.max_request_bytes + GRPC_OVERHEAD_BYTES;
-    let maintenance = Arc::new(MaintenanceService::new(ctx.clone(), control.clone()));
-    for l in client_listeners {
+    let quota = crate::quota::effective_quota(cfg.quota_backend_bytes);
+    let maintenance =
+        Arc::new(MaintenanceService::new(ctx.clone(), control.clone()).with_quota(quota));
+    for (l, https) in client_listeners.into_iter().zip(tls::listener_tls(&cfg, Side::Client)) {
         let kv = KvServer::new(KvService::new(ctx.clone()))
             .max_decoding_message_size(max_decode)
             .max_encoding_message_size(usize::MAX);
@@ -274,7 +304,8 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
                 .max_encoding_message_size(usize::MAX);
         let mut stop_rx = stop_rx.clone();
         servers.spawn(
-            tonic::transport::Server::builder()
+            client_tls
+                .server_builder(https)?
                 // Outermost, so calls the gate refuses are counted too.
                 .layer(GrpcMetricsLayer::new(metrics.clone()))
                 .layer(tonic::service::InterceptorLayer::new(request_gate(control.clone())))
@@ -285,6 +316,9 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
                         .max_encoding_message_size(usize::MAX),
                 )
                 .add_service(kv)
+                .add_service(picket_proto::etcdserverpb::auth_server::AuthServer::new(
+                    crate::api::auth::AuthService::new(ctx.clone()),
+                ))
                 .add_service(lease)
                 .add_service(watch)
                 .add_service(LockServer::new(LockService::new(ctx.clone())))
@@ -293,6 +327,18 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
                     LocksServer::new(crate::api::locks::LocksService::new(ctx.clone()))
                         .max_decoding_message_size(max_decode),
                 )
+                .add_service(
+                    picket_proto::picket::v1::queue_server::QueueServer::new(
+                        crate::api::queue::QueueService::new(ctx.clone()),
+                    )
+                    .max_decoding_message_size(max_decode),
+                )
+                .add_service(SubscriptionsServer::new(
+                    crate::api::subscription::SubscriptionsService::new(
+                        ctx.clone(),
+                        cfg.sub_max_lag_revisions,
+                    ),
+                ))
                 // Repairs the `:authority` etcdctl 3.4 sends for URL endpoints (see the module).
                 .serve_with_incoming_shutdown(crate::api::authority::incoming(l), async move {
                     let _ = stop_rx.wait_for(|s| *s).await;
@@ -326,6 +372,11 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     }
     tokio::spawn(crate::metrics::raft::follow(metrics.clone(), raft.clone(), stop_rx.clone()));
     tokio::spawn(crate::api::lease::run_expiry(ctx.clone(), stop_rx.clone()));
+    if quota > crate::quota::MAX_SUGGESTED_QUOTA_BYTES {
+        tracing::warn!(quota, "--quota-backend-bytes exceeds the suggested maximum of 8 GiB");
+    }
+    metrics.set_quota(quota);
+    tokio::spawn(crate::quota::run_monitor(ctx.clone(), quota, stop_rx.clone()));
     tokio::spawn(crate::raft::member_tasks::publish(
         control.clone(),
         cfg.name.clone(),

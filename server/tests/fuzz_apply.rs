@@ -6,6 +6,10 @@
 //! never panic: every command ends in a result or a deterministic error, the revision never
 //! goes backwards, and every read returns a result or an error.
 //!
+//! Commands also arrive grouped in `CommandBatch` entries (group commit), including malformed
+//! ones (empty, holding empty commands or nested batches); and a batch must apply exactly as its
+//! commands would one entry each: same results, revisions, watch events and store contents.
+//!
 //! Also: random bytes decoded as a `RaftCommand` (what a corrupt or hostile log entry would
 //! carry) are applied the same way, and the validation step the API runs before proposing
 //! never panics on any request.
@@ -18,8 +22,12 @@ use picket_proto::etcdserverpb::{
     CompactionRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest,
     PutRequest, RangeRequest, RequestOp, TxnRequest,
 };
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
-use picket_proto::picket::raft::v1::{FencedTxn, LeaseExpire, RaftCommand};
+use picket_proto::picket::raft::v1::{
+    CommandBatch, CommandResult, FencedTxn, LeaseExpire, RaftCommand,
+};
+use picket_server::mvcc::hash::hash_store;
 use picket_server::mvcc::validate;
 use picket_server::raft::types::{Command, Entry};
 use picket_server::storage::rocks::RocksEngine;
@@ -179,7 +187,9 @@ fn txn_req(depth: u32) -> BoxedStrategy<TxnRequest> {
         .boxed()
 }
 
-fn command() -> impl Strategy<Value = Cmd> {
+// Boxed: nested inside `any_command`, the unboxed strategy type makes debug-build stack frames
+// large enough to overflow a test thread's stack.
+fn command() -> BoxedStrategy<Cmd> {
     prop_oneof![
         4 => put_req().prop_map(Cmd::Put),
         2 => delete_req().prop_map(Cmd::DeleteRange),
@@ -191,6 +201,26 @@ fn command() -> impl Strategy<Value = Cmd> {
         1 => (key(), edge_i64(), proptest::option::of(txn_req(1)))
             .prop_map(|(name, token, txn)| Cmd::FencedTxn(FencedTxn { name, token, txn })),
     ]
+    .boxed()
+}
+
+fn batch_of(cmds: Vec<Option<Cmd>>) -> Cmd {
+    Cmd::Batch(CommandBatch { commands: cmds.into_iter().map(|cmd| RaftCommand { cmd }).collect() })
+}
+
+/// A command, or a batch of commands as the leader's group commit builds them, or a malformed
+/// batch (empty commands, a nested batch) as only a corrupt or hostile log would hold.
+fn any_command() -> BoxedStrategy<Cmd> {
+    let member = prop_oneof![
+        8 => proptest::option::weighted(0.95, command()),
+        1 => proptest::collection::vec(proptest::option::of(command()), 0..3)
+            .prop_map(|inner| Some(batch_of(inner))),
+    ];
+    prop_oneof![
+        6 => command(),
+        1 => proptest::collection::vec(member, 0..6).prop_map(batch_of),
+    ]
+    .boxed()
 }
 
 fn entry(index: u64, cmd: Option<Cmd>) -> Entry {
@@ -215,9 +245,18 @@ fn run(cmds: Vec<Option<Cmd>>, reads: Vec<RangeRequest>) {
         let (_dir, mut sm) = open();
         let mut last_rev = sm.shared().with_store(|s| s.revision());
         for (i, cmd) in cmds.into_iter().enumerate() {
-            let results = sm.apply([entry(i as u64 + 1, cmd)]).await.expect("apply must not fail");
+            let results =
+                sm.apply([entry(i as u64 + 1, cmd.clone())]).await.expect("apply must not fail");
             assert_eq!(results.len(), 1);
             assert!(results[0].0.result.is_some(), "every command has a result");
+            if let (Some(Cmd::Batch(b)), Some(CmdResult::Batch(r))) = (&cmd, &results[0].0.result) {
+                assert_eq!(b.commands.len(), r.results.len(), "one result per batched command");
+                for (c, r) in b.commands.iter().zip(&r.results) {
+                    if matches!(c.cmd, Some(Cmd::Batch(_))) {
+                        assert!(matches!(r.result, Some(CmdResult::Error(_))), "nested: {r:?}");
+                    }
+                }
+            }
             let rev = sm.shared().with_store(|s| s.revision());
             assert!(rev >= last_rev, "revision went backwards: {last_rev} -> {rev}");
             last_rev = rev;
@@ -229,6 +268,116 @@ fn run(cmds: Vec<Option<Cmd>>, reads: Vec<RangeRequest>) {
     });
 }
 
+/// What applying a log leaves behind: every result (a batch's flattened into its commands'),
+/// every published watch event with its revision, the revision and a hash of the whole store.
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    results: Vec<CommandResult>,
+    events: Vec<(i64, Vec<picket_proto::mvccpb::Event>)>,
+    revision: i64,
+    hash: u32,
+}
+
+/// Applies `entries` (all in term 2, so a `LeaseExpire` decides the same way whether batched
+/// or not) one `apply` call each, and records the [`Outcome`].
+fn apply_log(entries: Vec<Cmd>) -> Outcome {
+    let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+    rt.block_on(async {
+        let (_dir, mut sm) = open();
+        let mut rx = sm.shared().subscribe();
+        let mut results = Vec::new();
+        for (i, cmd) in entries.into_iter().enumerate() {
+            let e = Entry {
+                log_id: LogId::new(CommittedLeaderId::new(2, 1), i as u64 + 1),
+                payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd) })),
+            };
+            let mut r = sm.apply([e]).await.expect("apply must not fail");
+            match r.pop().map(|a| a.0) {
+                Some(CommandResult { result: Some(CmdResult::Batch(b)) }) => {
+                    results.extend(b.results)
+                }
+                Some(other) => results.push(other),
+                None => panic!("no result"),
+            }
+        }
+        let mut events = Vec::new();
+        while let Ok(ev) = rx.try_recv() {
+            events.push((ev.revision, ev.events.as_ref().clone()));
+        }
+        let revision = sm.shared().revision();
+        let hash = hash_store(sm.shared().engine()).expect("hash");
+        Outcome { results, events, revision, hash }
+    })
+}
+
+/// Applies `cmds` one entry each and grouped into batches of `sizes` (cycled), and checks both
+/// logs leave the same outcome.
+fn check_batched_equals_unbatched(cmds: Vec<Cmd>, sizes: &[usize]) {
+    let single = apply_log(cmds.clone());
+    let mut batched = Vec::new();
+    let mut rest = cmds.into_iter().peekable();
+    for size in sizes.iter().cycle() {
+        if rest.peek().is_none() {
+            break;
+        }
+        let group: Vec<Option<Cmd>> = rest.by_ref().take(*size).map(Some).collect();
+        batched.push(batch_of(group));
+    }
+    assert_eq!(apply_log(batched), single);
+}
+
+/// Puts, a txn, deletes and a failing command, batched: the same results, revisions, events and
+/// store as one entry per command; and a nested batch is refused without touching the store.
+#[test]
+fn a_batch_applies_exactly_as_one_entry_per_command() {
+    let put = |k: &str, v: &str| {
+        Cmd::Put(PutRequest { key: k.into(), value: v.into(), prev_kv: true, ..Default::default() })
+    };
+    let cmds = vec![
+        put("a", "1"),
+        put("b", "2"),
+        Cmd::Txn(TxnRequest {
+            compare: vec![Compare {
+                result: 0,
+                target: 0,
+                key: b"a".to_vec(),
+                range_end: Vec::new(),
+                target_union: Some(TargetUnion::Version(1)),
+            }],
+            success: vec![RequestOp {
+                request: Some(Op::RequestPut(PutRequest {
+                    key: b"c".to_vec(),
+                    value: b"3".to_vec(),
+                    ..Default::default()
+                })),
+            }],
+            failure: Vec::new(),
+        }),
+        // Fails deterministically (no such lease); the commands around it are unaffected.
+        Cmd::Put(PutRequest { key: b"d".to_vec(), lease: 42, ..Default::default() }),
+        put("a", "4"),
+        Cmd::DeleteRange(DeleteRangeRequest {
+            key: b"b".to_vec(),
+            range_end: Vec::new(),
+            prev_kv: true,
+        }),
+        put("e", "5"),
+    ];
+    check_batched_equals_unbatched(cmds.clone(), &[7]);
+    check_batched_equals_unbatched(cmds.clone(), &[2, 3]);
+    let out = apply_log(vec![batch_of(cmds.into_iter().map(Some).collect())]);
+    // Every write got its own revision: 5 puts/txn/delete succeeded, one put failed.
+    assert_eq!(out.revision, 7);
+    assert!(matches!(out.results[3].result, Some(CmdResult::Error(_))), "{:?}", out.results[3]);
+    assert_eq!(out.events.iter().map(|(r, _)| *r).collect::<Vec<_>>(), vec![2, 3, 4, 5, 6, 7]);
+
+    let nested = batch_of(vec![Some(put("x", "1")), Some(batch_of(vec![Some(put("y", "2"))]))]);
+    let out = apply_log(vec![nested]);
+    assert!(matches!(out.results[0].result, Some(CmdResult::Put(_))));
+    assert!(matches!(out.results[1].result, Some(CmdResult::Error(_))), "{:?}", out.results[1]);
+    assert_eq!(out.revision, 2, "the nested batch's put was not applied");
+}
+
 proptest! {
     // 96 cases per run keeps the suite fast; PICKET_FUZZ_CASES=N runs a longer campaign.
     #![proptest_config(ProptestConfig::with_cases(
@@ -237,10 +386,18 @@ proptest! {
 
     #[test]
     fn apply_never_panics_on_any_command_sequence(
-        cmds in proptest::collection::vec(proptest::option::weighted(0.95, command()), 1..24),
+        cmds in proptest::collection::vec(proptest::option::weighted(0.95, any_command()), 1..24),
         reads in proptest::collection::vec(range_req(), 0..6),
     ) {
         run(cmds, reads);
+    }
+
+    #[test]
+    fn batched_apply_equals_one_entry_per_command(
+        cmds in proptest::collection::vec(command(), 1..24),
+        sizes in proptest::collection::vec(1usize..6, 1..4),
+    ) {
+        check_batched_equals_unbatched(cmds, &sizes);
     }
 
     #[test]

@@ -69,6 +69,15 @@ pub struct ClusterOptions {
     /// The server binary; `None` means [`picketd_bin`] (`$PICKETD_BIN` or `picketd`). Tests
     /// that compare with etcd set it to `/usr/bin/etcd`.
     pub binary: Option<PathBuf>,
+    /// Client URLs are `https://` (the members then need `--cert-file` etc. in `extra_args`).
+    pub client_https: bool,
+    /// Peer URLs are `https://` (the members then need `--peer-cert-file` etc.).
+    pub peer_https: bool,
+    /// TLS the harness's own clients and readiness probes use (for `client_https`).
+    pub client_tls: Option<etcd_client::TlsOptions>,
+    /// Flags for one member only, by member index, appended after `extra_args` (e.g. a member
+    /// with a different certificate).
+    pub member_args: Vec<Vec<String>>,
 }
 
 impl ClusterOptions {
@@ -91,6 +100,28 @@ impl ClusterOptions {
     pub fn max_txn_ops(mut self, n: usize) -> Self {
         self.max_txn_ops = Some(n);
         self
+    }
+
+    /// Serves clients and/or peers over TLS; `client_tls` is what the harness's clients use.
+    pub fn tls(
+        mut self,
+        client_https: bool,
+        peer_https: bool,
+        client_tls: Option<etcd_client::TlsOptions>,
+    ) -> Self {
+        self.client_https = client_https;
+        self.peer_https = peer_https;
+        self.client_tls = client_tls;
+        self
+    }
+
+    /// The URL scheme of client (`peer == false`) or peer URLs.
+    fn scheme(&self, peer: bool) -> &'static str {
+        if (peer && self.peer_https) || (!peer && self.client_https) {
+            "https"
+        } else {
+            "http"
+        }
     }
 
     pub fn log_level(mut self, level: &str) -> Self {
@@ -215,8 +246,20 @@ fn tail(path: &Path, lines: usize) -> String {
 
 /// Builds a client connected to exactly one endpoint, with bounded connect and request times.
 pub async fn connect(endpoint: &str, request_timeout: Duration) -> Result<Client> {
-    let opts =
+    connect_tls(endpoint, request_timeout, None).await
+}
+
+/// [`connect`], over TLS with `tls` when given (for `https://` endpoints).
+pub async fn connect_tls(
+    endpoint: &str,
+    request_timeout: Duration,
+    tls: Option<etcd_client::TlsOptions>,
+) -> Result<Client> {
+    let mut opts =
         ConnectOptions::new().with_connect_timeout(CONNECT_TIMEOUT).with_timeout(request_timeout);
+    if let Some(tls) = tls {
+        opts = opts.with_tls(tls);
+    }
     Client::connect([endpoint], Some(opts))
         .await
         .with_context(|| format!("connecting to {endpoint}"))
@@ -257,8 +300,8 @@ impl Cluster {
             .map(|i| {
                 let name = format!("n{}", i + 1);
                 Member {
-                    client_url: format!("http://127.0.0.1:{}", ports[2 * i]),
-                    peer_url: format!("http://127.0.0.1:{}", ports[2 * i + 1]),
+                    client_url: format!("{}://127.0.0.1:{}", opts.scheme(false), ports[2 * i]),
+                    peer_url: format!("{}://127.0.0.1:{}", opts.scheme(true), ports[2 * i + 1]),
                     data_dir: root.path().join(format!("{name}.data")),
                     stdout_log: root.path().join(format!("{name}.stdout.log")),
                     stderr_log: root.path().join(format!("{name}.stderr.log")),
@@ -335,7 +378,8 @@ impl Cluster {
     /// A client connected to member `i` only, with [`REQUEST_TIMEOUT`] per request. The
     /// connection is made lazily, so this succeeds even while the member is down.
     pub async fn client(&self, i: usize) -> Result<Client> {
-        connect(&self.members[i].client_url, REQUEST_TIMEOUT).await
+        connect_tls(&self.members[i].client_url, REQUEST_TIMEOUT, self.opts.client_tls.clone())
+            .await
     }
 
     /// Clients for every member, in member order.
@@ -381,6 +425,7 @@ impl Cluster {
         .flat_map(|(k, v)| [format!("--{k}"), v])
         .collect();
         a.extend(self.opts.args());
+        a.extend(self.opts.member_args.get(i).into_iter().flatten().cloned());
         a
     }
 
@@ -398,7 +443,7 @@ impl Cluster {
         let i = self.members.len();
         let name = format!("n{}", i + 1);
         let root = self.root().to_path_buf();
-        let peer_url = format!("http://127.0.0.1:{}", ports[1]);
+        let peer_url = format!("{}://127.0.0.1:{}", self.opts.scheme(true), ports[1]);
         let joined_with = self
             .members
             .iter()
@@ -407,7 +452,7 @@ impl Cluster {
             .collect::<Vec<_>>()
             .join(",");
         self.members.push(Member {
-            client_url: format!("http://127.0.0.1:{}", ports[0]),
+            client_url: format!("{}://127.0.0.1:{}", self.opts.scheme(false), ports[0]),
             peer_url,
             data_dir: root.join(format!("{name}.data")),
             stdout_log: root.join(format!("{name}.stdout.log")),
@@ -473,7 +518,9 @@ impl Cluster {
 
     /// One linearizable `get` against member `i`, returning the member id in its header.
     async fn probe(&self, i: usize) -> Result<u64> {
-        let mut c = connect(&self.members[i].client_url, PROBE_TIMEOUT).await?;
+        let mut c =
+            connect_tls(&self.members[i].client_url, PROBE_TIMEOUT, self.opts.client_tls.clone())
+                .await?;
         let resp = c.get("picket-e2e-ready", None).await?;
         let header = resp.header().context("range response without a header")?;
         Ok(header.member_id())

@@ -14,13 +14,18 @@
 //! one column family each, one shared WAL). At startup it opens the database and reads every
 //! block with checksums verified (`RocksEngine::open_verified`); any corruption RocksDB reports
 //! makes the member exit non-zero with "refusing to start: the data directory ... is corrupt".
-//! - A truncated tail of the newest WAL: RocksDB replays the WAL in `AbsoluteConsistency` mode, so
-//!   the record the truncation cuts fails the open ("Corruption: truncated record body") and the
-//!   member refuses to start. Serving instead (RocksDB's default, point-in-time recovery) would
+//! - A truncated tail of the newest WAL that removes writes this member acknowledged: the
+//!   member refuses to start. A cut inside a record is tolerated by RocksDB only in the newest
+//!   WAL's last record, and then `storage::wal_tail`'s acknowledged-position record (kept
+//!   outside RocksDB) shows that acknowledged log entries are missing. Serving instead would
 //!   mean rejoining with a log that lost entries this member had acknowledged, which Raft
-//!   forbids; with that default this test saw the leader's Raft core panic. See
-//!   `storage::rocks::db_options` for the reasoning and its cost after a power loss. Not
-//!   detectable: a cut that falls exactly on a record boundary of the newest WAL.
+//!   forbids; with RocksDB's point-in-time recovery this test once saw the leader's Raft core
+//!   panic.
+//! - A torn *unsynced* tail, as a power loss leaves it (the newest WAL cut inside its last
+//!   record, written after the last fsync by an apply): tolerated; the member starts, replays
+//!   its log and rejoins (`torn_unsynced_wal_tail_...`).
+//! - A flipped bit in a WAL record before the tail (synced data): the record's checksum fails in
+//!   either recovery mode and the member refuses to start (`flipped_bit_in_a_synced_wal_...`).
 //! - Flipped bits in a table file: the block checksum does not match, found at the latest by the
 //!   startup scan, and the member refuses to start instead of failing reads at random later.
 //!
@@ -201,12 +206,16 @@ async fn start_damaged(cluster: &mut Cluster, i: usize) -> Result<Outcome> {
 }
 
 /// Shared body of the corruption tests: writes, stops a follower with `stop`, damages its
-/// directory with `damage`, writes more, restarts it, and checks the outcome.
+/// directory with `damage`, writes more, restarts it, and checks the outcome. With `idle`, the
+/// writer is paused before the kill, so the victim's last WAL records are its unsynced applies
+/// of the last entries rather than a synced append. Returns what the damaged member did and its
+/// log since the damaged start.
 async fn damaged_member_never_diverges(
     what: &str,
     prepare_restarts: usize,
+    idle: bool,
     damage: impl FnOnce(&Cluster, usize) -> Result<()>,
-) -> Result<()> {
+) -> Result<(Outcome, String)> {
     let mut cluster = Cluster::start(3, ClusterOptions::default()).await?;
     let writer = Writer::start(cluster.clients().await?, "dmg/");
     writer.wait_progress(50, "before damaging a member").await?;
@@ -224,6 +233,16 @@ async fn damaged_member_never_diverges(
         writer.wait_progress(50, "after a preparatory restart").await?;
     }
 
+    if idle {
+        info!("phase: pause the writes so the victim applies everything it holds");
+        writer.quiesce().await?;
+        // Not a timing assertion: the victim learns the last commit index from the next
+        // heartbeat (100 ms) and applies it; waiting longer only makes the test slower.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        for &i in &others {
+            writer.set_down(i, false);
+        }
+    }
     info!(member = cluster.name(victim), what, "phase: SIGKILL a follower and damage its data");
     writer.set_down(victim, true);
     cluster.kill(victim)?;
@@ -244,13 +263,93 @@ async fn damaged_member_never_diverges(
     let log = writer.finish().await?;
     let at = check_writes(&cluster, &checked, &log).await?;
     hash_kv_agree(&cluster, &checked, at).await?;
+    let log = std::fs::read_to_string(cluster.stderr_log(victim))?;
+    let this_start = log.rsplit("=== picket-tests: start #").next().unwrap_or(&log).to_string();
     cluster.finish();
+    Ok((outcome, this_start))
+}
+
+/// Record boundaries of a RocksDB WAL: 32 KiB blocks of records, each with a 7-byte header
+/// (CRC32C, length as a little-endian u16, type); a block's last < 7 bytes are padding.
+/// Returns (start, header + payload length) of every record (fragments count as records).
+fn wal_records(bytes: &[u8]) -> Vec<(usize, usize)> {
+    const BLOCK: usize = 32 * 1024;
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos + 7 <= bytes.len() {
+        let left = BLOCK - pos % BLOCK;
+        if left < 7 {
+            pos += left;
+            continue;
+        }
+        let len = u16::from_le_bytes([bytes[pos + 4], bytes[pos + 5]]) as usize;
+        if bytes[pos + 6] == 0 && len == 0 {
+            break;
+        }
+        out.push((pos, 7 + len));
+        pos += 7 + len;
+    }
+    out
+}
+
+/// A WAL file: its path, its bytes and its records as (start, length).
+type Wal = (PathBuf, Vec<u8>, Vec<(usize, usize)>);
+
+/// The newest WAL of member `i` and its records.
+fn newest_wal(cluster: &Cluster, i: usize) -> Result<Wal> {
+    let wals = db_files(cluster, i, ".log")?;
+    let wal = wals.last().context("no WAL file in the member's database")?.clone();
+    let bytes = std::fs::read(&wal)?;
+    let records = wal_records(&bytes);
+    ensure!(records.len() >= 4, "WAL {} has only {} records", wal.display(), records.len());
+    Ok((wal, bytes, records))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_unsynced_wal_tail_is_tolerated_and_the_member_rejoins() -> Result<()> {
+    let outcome = damaged_member_never_diverges("torn unsynced WAL tail", 0, true, |cluster, i| {
+        let (wal, bytes, records) = newest_wal(cluster, i)?;
+        let (start, len) = *records.last().context("no record")?;
+        ensure!(start + len <= bytes.len(), "the last record runs past the end of the file");
+        // Half of the last record survives, as when power fails while the kernel writes it.
+        let keep = (start + len / 2) as u64;
+        info!(wal = %wal.display(), len = bytes.len(), keep, "tearing the newest WAL's last record");
+        let f = std::fs::OpenOptions::new().write(true).open(&wal)?;
+        f.set_len(keep)?;
+        f.sync_all()?;
+        Ok(())
+    })
+    .await?;
+    ensure!(matches!(outcome.0, Outcome::Served), "a torn unsynced tail must be tolerated");
+    ensure!(
+        outcome.1.contains("recovered after dropping a torn (unsynced) WAL tail"),
+        "the member served without going through the torn-tail recovery:\n{}",
+        outcome.1
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flipped_bit_in_a_synced_wal_record_is_refused() -> Result<()> {
+    let outcome = damaged_member_never_diverges("flipped bit in a WAL record", 0, true, |c, i| {
+        let (wal, mut bytes, records) = newest_wal(c, i)?;
+        // A record in the middle: synced Raft appends are interleaved with applies there, and
+        // every record before the tail was written before a later fsync.
+        let (start, len) = records[records.len() / 2];
+        let at = start + 7 + (len - 7) / 2;
+        bytes[at] ^= 0x08;
+        info!(wal = %wal.display(), at, "flipping a bit inside a WAL record");
+        std::fs::write(&wal, &bytes)?;
+        Ok(())
+    })
+    .await?;
+    ensure!(matches!(outcome.0, Outcome::Refused), "a corrupt synced record must be refused");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncated_wal_tail_is_refused_or_recovered_never_divergent() -> Result<()> {
-    damaged_member_never_diverges("truncated WAL tail", 0, |cluster, i| {
+    damaged_member_never_diverges("truncated WAL tail", 0, false, |cluster, i| {
         let wals = db_files(cluster, i, ".log")?;
         let wal = wals.last().context("no WAL file in the member's database")?;
         let len = file_len(wal)?;
@@ -265,11 +364,12 @@ async fn truncated_wal_tail_is_refused_or_recovered_never_divergent() -> Result<
         Ok(())
     })
     .await
+    .map(|_| ())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flipped_bits_in_a_table_file_are_refused_or_recovered_never_divergent() -> Result<()> {
-    damaged_member_never_diverges("flipped bits in an .sst", 1, |cluster, i| {
+    damaged_member_never_diverges("flipped bits in an .sst", 1, false, |cluster, i| {
         let mut tables = db_files(cluster, i, ".sst")?;
         // The largest table holds the most data blocks, so the flips land in data, not only in
         // the metadata that RocksDB already checks when it opens a file.
@@ -292,4 +392,5 @@ async fn flipped_bits_in_a_table_file_are_refused_or_recovered_never_divergent()
         Ok(())
     })
     .await
+    .map(|_| ())
 }

@@ -44,6 +44,11 @@ const FAMILIES: &[&str] = &[
     "picket_mvcc_db_total_size_in_bytes",
     "picket_mvcc_db_total_size_in_use_in_bytes",
     "picket_mvcc_current_revision",
+    "picket_server_quota_backend_bytes",
+    "picket_disk_wal_fsync_duration_seconds",
+    "picket_disk_backend_commit_duration_seconds",
+    "picket_debugging_mvcc_watcher_total",
+    "picket_debugging_mvcc_slow_watcher_total",
 ];
 
 /// `GET path` on `addr`: the status code and the body.
@@ -178,6 +183,30 @@ async fn metrics_health_and_leader_transfer_on_sigterm() -> Result<()> {
         sample(&after, "picket_mvcc_current_revision", &[]).unwrap_or(0.0) >= 6.0,
         "revision did not grow:\n{after}"
     );
+
+    info!("disk histograms count the writes; the quota is exported; watchers are counted");
+    let count =
+        |text: &str, family: &str| sample(text, &format!("{family}_count"), &[]).unwrap_or(0.0);
+    let fsync = "picket_disk_wal_fsync_duration_seconds";
+    let commit = "picket_disk_backend_commit_duration_seconds";
+    // Every put is one synced append on every member (possibly several puts per append when
+    // the leader batches them), and one state-machine commit at least per applied batch.
+    ensure!(count(&after, fsync) > count(&before, fsync), "no WAL fsync observed:\n{after}");
+    ensure!(count(&after, commit) > count(&before, commit), "no backend commit observed");
+    ensure!(
+        sample(&after, "picket_server_quota_backend_bytes", &[]) == Some(2147483648.0),
+        "the default quota is 2 GiB:\n{after}"
+    );
+    let watchers = |text: &str| sample(text, "picket_debugging_mvcc_watcher_total", &[]);
+    ensure!(watchers(&after) == Some(0.0), "watchers before any watch: {:?}", watchers(&after));
+    let stream = client.watch("obs/", None).await?;
+    eventually("the open watcher is counted", CONVERGE_TIMEOUT, || async {
+        let (_, text) = http_get(addrs[0], "/metrics").await?;
+        ensure!(watchers(&text) == Some(1.0), "watcher gauge {:?}", watchers(&text));
+        Ok(())
+    })
+    .await?;
+    drop(stream);
 
     info!("every member is healthy and ready while the cluster has a leader");
     for (i, &addr) in addrs.iter().enumerate() {

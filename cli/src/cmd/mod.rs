@@ -2,6 +2,7 @@
 //! code to use on success (almost always 0; `lock -- CMD` passes CMD's through) or an error
 //! that `crate::exit` maps to a code.
 
+pub mod auth;
 pub mod completion;
 pub mod elect;
 pub mod endpoint;
@@ -10,8 +11,10 @@ pub mod lease;
 pub mod local_cluster;
 pub mod lock;
 pub mod member;
+pub mod queue;
 pub mod signals;
 pub mod snapshot;
+pub mod sub;
 pub mod txn;
 pub mod watch;
 
@@ -32,9 +35,17 @@ impl Ctx {
     }
 
     pub fn connect_options(&self) -> ConnectOptions {
-        ConnectOptions::default()
+        let opts = ConnectOptions::default()
             .with_dial_timeout(self.global.dial_timeout)
-            .with_request_timeout(self.global.command_timeout)
+            .with_request_timeout(self.global.command_timeout);
+        let opts = match &self.global.tls {
+            Some(tls) => opts.with_tls(tls.clone()),
+            None => opts,
+        };
+        match &self.global.credentials {
+            Some((user, password)) => opts.with_user(user.clone(), password.clone()),
+            None => opts,
+        }
     }
 
     /// Connects to the cluster through `--endpoints`; fails (exit code 5) if none answers
@@ -47,7 +58,23 @@ impl Ctx {
 }
 
 pub async fn run(cli: Cli) -> Result<u8> {
-    let ctx = Ctx { global: cli.global };
+    let mut global = cli.global;
+    global.tls = crate::tls::load(&global)?;
+    // `--user name[:password]`, `--password`: etcdctl's precedence (the inline password wins).
+    global.credentials = match global.user.clone() {
+        Some(u) => Some(match u.split_once(':') {
+            Some((name, pw)) => (name.to_string(), pw.to_string()),
+            None => {
+                let pw = match global.password.clone() {
+                    Some(pw) => pw,
+                    None => auth::read_password(&format!("Password of {u}:"))?,
+                };
+                (u, pw)
+            }
+        }),
+        None => None,
+    };
+    let ctx = Ctx { global };
     // Commands that run until Ctrl-C catch it from the start (see `signals::install`).
     if matches!(
         cli.command,
@@ -56,6 +83,7 @@ pub async fn run(cli: Cli) -> Result<u8> {
             | Command::Lock(_)
             | Command::Elect(_)
             | Command::LocalCluster(_)
+            | Command::Sub(_)
     ) {
         signals::install()?;
     }
@@ -75,7 +103,12 @@ pub async fn run(cli: Cli) -> Result<u8> {
         Command::MoveLeader(a) => endpoint::move_leader(&ctx, a).await,
         Command::Alarm(c) => endpoint::alarm(&ctx, c).await,
         Command::Snapshot(c) => snapshot::run(&ctx, c).await,
+        Command::Sub(c) => sub::run(&ctx, c).await,
+        Command::Queue(c) => queue::run(&ctx, c).await,
         Command::LocalCluster(a) => local_cluster::run(&ctx, a).await,
+        Command::User(c) => auth::user(&ctx, c).await,
+        Command::Role(c) => auth::role(&ctx, c).await,
+        Command::Auth(c) => auth::auth(&ctx, c).await,
         Command::Completion(a) => completion::run(a),
     }
 }

@@ -11,6 +11,7 @@
 //! - [`lock`]: fencing tokens and mutual exclusion of `lock_acquire`/`lock_release`.
 //! - [`set`]: no acknowledged element lost (`set`, `lock-set` and their fenced variants).
 //! - [`lease`]: no early expiry, expiry in one revision, no put on a dead lease, unique ids.
+//! - [`queue`]: no acknowledged job lost, none acked by two claims, no overlapping claims.
 //! - [`watch`]: ordered, unique, gap-free watch delivery; compaction and progress semantics.
 //! - [`keylog`]: the key-event log recorded after healing, used by the lock and lease checkers.
 //!
@@ -20,6 +21,7 @@ pub mod keylog;
 pub mod lease;
 pub mod linearizable;
 pub mod lock;
+pub mod queue;
 pub mod register;
 pub mod revision;
 pub mod set;
@@ -187,8 +189,17 @@ impl Report {
 }
 
 /// The workloads the checkers know, and which checkers apply to each.
-pub const WORKLOADS: &[&str] =
-    &["register", "set", "lock", "lock-set", "lock-fenced-set", "lock-kv-set", "lease", "watch"];
+pub const WORKLOADS: &[&str] = &[
+    "register",
+    "set",
+    "lock",
+    "lock-set",
+    "lock-fenced-set",
+    "lock-kv-set",
+    "lease",
+    "watch",
+    "queue",
+];
 
 /// Runs every checker that applies to `workload` over `events`.
 pub fn check_history(
@@ -218,6 +229,9 @@ pub fn check_history(
         }
         "lease" => {
             checkers.insert("lease".to_string(), lease::check(&ops)?);
+        }
+        "queue" => {
+            checkers.insert("queue".to_string(), queue::check(&ops)?);
         }
         "watch" => {
             checkers.insert("watch".to_string(), watch::check(&ops)?);

@@ -6,6 +6,7 @@
 //! - [`lock`]: `lock` (acquire/release on a few names) and the `lock-set` family (a set
 //!   changed by read-modify-write under a lock: unfenced, fenced by token, or guarded in a Txn).
 //! - [`lease`]: short leases with attached keys, kept alive, left to expire, or revoked.
+//! - [`queue`]: producers, claiming workers and a final drain (Picket only).
 //! - [`watch`]: writers on a prefix and watchers from random start revisions.
 //!
 //! [`Workload`] is what the runner sees: spawn the workers, then run the final phase (final
@@ -17,6 +18,7 @@
 
 pub mod lease;
 pub mod lock;
+pub mod queue;
 pub mod register;
 pub mod set;
 pub mod watch;
@@ -266,11 +268,21 @@ pub enum Workload {
     Lock(lock::LockWorkload),
     Lease(lease::LeaseWorkload),
     Watch(watch::WatchWorkload),
+    Queue(queue::QueueWorkload),
 }
 
 /// Names accepted by `--workload`.
-pub const NAMES: &[&str] =
-    &["register", "set", "lock", "lock-set", "lock-fenced-set", "lock-kv-set", "lease", "watch"];
+pub const NAMES: &[&str] = &[
+    "register",
+    "set",
+    "lock",
+    "lock-set",
+    "lock-fenced-set",
+    "lock-kv-set",
+    "lease",
+    "watch",
+    "queue",
+];
 
 impl Workload {
     pub fn new(name: &str, opts: WorkloadOptions) -> Option<Workload> {
@@ -289,6 +301,7 @@ impl Workload {
             }
             "lease" => Workload::Lease(lease::LeaseWorkload::new(opts)),
             "watch" => Workload::Watch(watch::WatchWorkload::new(opts)),
+            "queue" => Workload::Queue(queue::QueueWorkload::new(opts)),
             _ => return None,
         })
     }
@@ -306,6 +319,7 @@ impl Workload {
             Workload::Lock(w) => w.spawn_workers(set, nodes, env, seed),
             Workload::Lease(w) => w.spawn_workers(set, nodes, env, seed),
             Workload::Watch(w) => w.spawn_workers(set, nodes, env, seed),
+            Workload::Queue(w) => w.spawn_workers(set, nodes, env, seed),
         }
     }
 
@@ -332,6 +346,7 @@ impl Workload {
             Workload::Lock(w) => w.final_phase(nodes, env, op_timeout).await,
             Workload::Lease(w) => w.final_phase(nodes, env, op_timeout).await,
             Workload::Watch(w) => w.final_phase(nodes, env, op_timeout).await,
+            Workload::Queue(w) => w.final_phase(nodes, env, op_timeout).await,
         }
     }
 }

@@ -73,6 +73,8 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberAddRequest>,
     ) -> Result<Response<MemberAddResponse>, Status> {
+        // Membership changes are root's when auth is enabled (etcd); listing is anyone's.
+        self.ctx.authorize_admin(req.metadata()).await?;
         let req = req.into_inner();
         let id = self.control.new_member_id();
         let members =
@@ -91,6 +93,7 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
+        self.ctx.authorize_admin(req.metadata()).await?;
         let members = self.execute(Op::Remove(req.into_inner())).await?;
         Ok(Response::new(MemberRemoveResponse { header: self.header(), members }))
     }
@@ -100,6 +103,7 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
+        self.ctx.authorize_admin(req.metadata()).await?;
         let members = self.execute(Op::Update(req.into_inner())).await?;
         Ok(Response::new(MemberUpdateResponse { header: self.header(), members }))
     }
@@ -123,6 +127,7 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
+        self.ctx.authorize_admin(req.metadata()).await?;
         let members = self.execute(Op::Promote(req.into_inner())).await?;
         Ok(Response::new(MemberPromoteResponse { header: self.header(), members }))
     }

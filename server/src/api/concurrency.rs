@@ -80,7 +80,8 @@ impl LockService {
 impl Lock for LockService {
     #[tracing::instrument(level = "debug", skip_all, fields(lease_id = req.get_ref().lease))]
     async fn lock(&self, req: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
+        self.backend.0.authorize(&meta, &super::auth::contender_needs(&req.name, true)).await?;
         let lease = self.backend.lease_or_implicit(req.lease).await?;
         let grant = mutex::lock(&self.backend, &req.name, lease)
             .await
@@ -96,9 +97,10 @@ impl Lock for LockService {
         &self,
         req: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
-        let mut header = mutex::unlock(&self.backend, &req.into_inner().key)
-            .await
-            .map_err(|e| concurrency_status(&e))?;
+        let (meta, _, req) = req.into_parts();
+        self.backend.0.authorize(&meta, &[super::auth::write_key(&req.key)]).await?;
+        let mut header =
+            mutex::unlock(&self.backend, &req.key).await.map_err(|e| concurrency_status(&e))?;
         self.backend.0.stamp(&mut header);
         Ok(Response::new(UnlockResponse { header }))
     }
@@ -128,7 +130,8 @@ impl Election for ElectionService {
         &self,
         req: Request<CampaignRequest>,
     ) -> Result<Response<CampaignResponse>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
+        self.backend.0.authorize(&meta, &super::auth::contender_needs(&req.name, true)).await?;
         let lease = self.backend.lease_or_implicit(req.lease).await?;
         let (leader, mut header) = election::campaign(&self.backend, &req.name, lease, &req.value)
             .await
@@ -142,8 +145,9 @@ impl Election for ElectionService {
         &self,
         req: Request<ProclaimRequest>,
     ) -> Result<Response<ProclaimResponse>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
         let leader = req.leader.ok_or_else(missing_leader)?;
+        self.backend.0.authorize(&meta, &[super::auth::write_key(&leader.key)]).await?;
         let mut header = election::proclaim(&self.backend, &leader, &req.value)
             .await
             .map_err(|e| concurrency_status(&e))?;
@@ -156,9 +160,10 @@ impl Election for ElectionService {
         &self,
         req: Request<LeaderRequest>,
     ) -> Result<Response<LeaderResponse>, Status> {
-        let (kv, mut header) = election::leader(&self.backend, &req.into_inner().name)
-            .await
-            .map_err(|e| concurrency_status(&e))?;
+        let (meta, _, req) = req.into_parts();
+        self.backend.0.authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
+        let (kv, mut header) =
+            election::leader(&self.backend, &req.name).await.map_err(|e| concurrency_status(&e))?;
         self.backend.0.stamp(&mut header);
         Ok(Response::new(LeaderResponse { header, kv: Some(kv) }))
     }
@@ -169,7 +174,9 @@ impl Election for ElectionService {
         &self,
         req: Request<LeaderRequest>,
     ) -> Result<Response<ObserveStream>, Status> {
-        let name = req.into_inner().name;
+        let (meta, _, req) = req.into_parts();
+        let name = req.name;
+        self.backend.0.authorize(&meta, &super::auth::contender_needs(&name, false)).await?;
         // Small buffer: an observer only needs the latest leader; a slow reader holds back only
         // its own observe task.
         let (tx, rx) = mpsc::channel(16);
@@ -193,7 +200,9 @@ impl Election for ElectionService {
         &self,
         req: Request<ResignRequest>,
     ) -> Result<Response<ResignResponse>, Status> {
-        let leader = req.into_inner().leader.ok_or_else(missing_leader)?;
+        let (meta, _, req) = req.into_parts();
+        let leader = req.leader.ok_or_else(missing_leader)?;
+        self.backend.0.authorize(&meta, &[super::auth::write_key(&leader.key)]).await?;
         let mut header =
             election::resign(&self.backend, &leader).await.map_err(|e| concurrency_status(&e))?;
         self.backend.0.stamp(&mut header);

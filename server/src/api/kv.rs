@@ -53,17 +53,22 @@ pub async fn txn(ctx: &Ctx, req: TxnRequest) -> Result<TxnResponse, Status> {
 impl Kv for KvService {
     #[tracing::instrument(level = "debug", skip_all)]
     async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
         self.ctx.check_size(&req)?;
+        let needs = crate::auth::perm::range_needs(&req);
+        self.ctx.authorize_read(&meta, !req.serializable, &needs).await?;
         range(&self.ctx, req).await.map(Response::new)
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
         self.ctx.check_size(&req)?;
         validate::put(&req).map_err(|e| mvcc_status(&e))?;
-        match self.ctx.propose(Cmd::Put(req)).await? {
+        let mut needs = Vec::new();
+        crate::auth::perm::put_needs(&req, &mut needs);
+        let checked = self.ctx.authorize(&meta, &needs).await?;
+        match self.ctx.propose(self.ctx.guard(checked, Cmd::Put(req))).await? {
             CmdResult::Put(mut r) => {
                 self.ctx.stamp(&mut r.header);
                 Ok(Response::new(r))
@@ -77,10 +82,13 @@ impl Kv for KvService {
         &self,
         req: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
         self.ctx.check_size(&req)?;
         validate::delete_range(&req).map_err(|e| mvcc_status(&e))?;
-        match self.ctx.propose(Cmd::DeleteRange(req)).await? {
+        let mut needs = Vec::new();
+        crate::auth::perm::delete_needs(&req, &mut needs);
+        let checked = self.ctx.authorize(&meta, &needs).await?;
+        match self.ctx.propose(self.ctx.guard(checked, Cmd::DeleteRange(req))).await? {
             CmdResult::DeleteRange(mut r) => {
                 self.ctx.stamp(&mut r.header);
                 Ok(Response::new(r))
@@ -91,7 +99,22 @@ impl Kv for KvService {
 
     #[tracing::instrument(level = "debug", skip_all)]
     async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        txn(&self.ctx, req.into_inner()).await.map(Response::new)
+        let (meta, _, req) = req.into_parts();
+        if !self.ctx.auth_enabled() {
+            return txn(&self.ctx, req).await.map(Response::new);
+        }
+        // Every compare and op of both branches, checked before proposing; a read-only txn
+        // is still proposed, so apply re-validates it like any write.
+        self.ctx.check_size(&req)?;
+        validate::txn(&req, self.ctx.max_txn_ops).map_err(|e| mvcc_status(&e))?;
+        let checked = self.ctx.authorize(&meta, &crate::auth::perm::txn_needs(&req)).await?;
+        match self.ctx.propose(self.ctx.guard(checked, Cmd::Txn(req))).await? {
+            CmdResult::Txn(mut r) => {
+                self.ctx.stamp(&mut r.header);
+                Ok(Response::new(r))
+            }
+            _ => Err(unexpected("txn")),
+        }
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -99,8 +122,10 @@ impl Kv for KvService {
         &self,
         req: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
-        let req = req.into_inner();
-        match self.ctx.propose(Cmd::Compaction(req)).await? {
+        let (meta, _, req) = req.into_parts();
+        // Compaction discards everyone's history: root only, as in etcd.
+        let checked = self.ctx.authorize_admin(&meta).await?;
+        match self.ctx.propose(self.ctx.guard(checked, Cmd::Compaction(req))).await? {
             CmdResult::Compaction(mut r) => {
                 self.ctx.stamp(&mut r.header);
                 Ok(Response::new(r))

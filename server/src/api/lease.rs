@@ -99,13 +99,37 @@ pub async fn keep_alive_local(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveRespon
     }
     let ttl = ctx.sm.with_leases(|t| t.get(id).map(|r| r.ttl));
     let ttl = match ttl {
-        Some(ttl) => {
-            ctx.lease_leader.clock.lock().renew(id, ttl, Instant::now());
-            ttl
-        }
+        Some(ttl) if ctx.lease_leader.clock.lock().renew(id, ttl, Instant::now()) => ttl,
+        Some(_) => return expired_keep_alive(ctx, id).await,
         None => 0,
     };
     Ok(LeaseKeepAliveResponse { header: Some(ctx.header(ctx.sm.revision())), id, ttl })
+}
+
+/// How often a keep-alive for an expired lease checks whether its revoke has applied.
+const REVOKE_POLL: Duration = Duration::from_millis(20);
+
+/// A keep-alive that arrived after the lease's deadline on this leader: its revoke is proposed
+/// (or about to be) and will apply, so answer "not found" once it has, as etcd does. Bounded by
+/// the request timeout; if leadership moves first the answer is "not leader" and the client
+/// retries on the new leader, which is safe: a keep-alive changes nothing but a deadline, and
+/// the new leader only renews leases that still exist once it has applied the old term's
+/// entries (its read index covers them).
+async fn expired_keep_alive(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
+    let deadline = Instant::now() + ctx.proposer.request_timeout();
+    loop {
+        if ctx.sm.with_leases(|t| t.get(id).is_none()) {
+            let header = Some(ctx.header(ctx.sm.revision()));
+            return Ok(LeaseKeepAliveResponse { header, id, ttl: 0 });
+        }
+        if ctx.lease_leader.sync_role(ctx).is_none() {
+            return Err(ProposeError::NotLeader(None).into_status());
+        }
+        if Instant::now() >= deadline {
+            return Err(ProposeError::Timeout.into_status());
+        }
+        tokio::time::sleep(REVOKE_POLL).await;
+    }
 }
 
 /// Answers TimeToLive on the leader.
@@ -226,7 +250,10 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
+        // Any authenticated user may grant a lease (etcd); what it is attached to is checked
+        // by the puts that attach keys.
+        self.ctx.authorize(&meta, &[]).await?;
         if req.ttl > MAX_TTL_SECONDS {
             return Err(lease_status(&LeaseError::TtlTooLarge));
         }
@@ -260,7 +287,26 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
-        match self.ctx.propose(Cmd::LeaseRevoke(req.into_inner())).await? {
+        let (meta, _, req) = req.into_parts();
+        // Revoking deletes every attached key: WRITE on each of them (etcd), checked after a
+        // read barrier so the attachment list is current. A key attached after the check is
+        // deleted with the lease, as in etcd: attaching it took WRITE on it from its writer.
+        let mut checked = None;
+        if self.ctx.auth_enabled() {
+            self.ctx.read_barrier().await?;
+            let keys = self
+                .ctx
+                .sm
+                .reader()
+                .keys_of_lease(req.id)
+                .map_err(|e| super::status::mvcc_status(&e))?;
+            let needs: Vec<_> = keys
+                .iter()
+                .map(|k| crate::auth::Need::Write(crate::auth::KeyRange::new(k, &[])))
+                .collect();
+            checked = self.ctx.authorize(&meta, &needs).await?;
+        }
+        match self.ctx.propose(self.ctx.guard(checked, Cmd::LeaseRevoke(req))).await? {
             CmdResult::LeaseRevoke(mut r) => {
                 self.ctx.stamp(&mut r.header);
                 Ok(Response::new(r))
@@ -275,6 +321,9 @@ impl Lease for LeaseService {
         &self,
         req: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        // Any authenticated user may keep a lease alive (etcd); the token is checked once, when
+        // the stream opens.
+        self.ctx.authorize(req.metadata(), &[]).await?;
         let mut incoming = req.into_inner();
         // Bounded: a client that stops reading responses stops having its requests read.
         let (tx, rx) = mpsc::channel(64);
@@ -311,14 +360,16 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        self.ctx.authorize(req.metadata(), &[]).await?;
         time_to_live_any(&self.ctx, req.into_inner()).await.map(Response::new)
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
     async fn lease_leases(
         &self,
-        _req: Request<LeaseLeasesRequest>,
+        req: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
+        self.ctx.authorize(req.metadata(), &[]).await?;
         self.ctx.read_barrier().await?;
         let leases =
             self.ctx.sm.with_leases(|t| t.iter().map(|r| LeaseStatus { id: r.id }).collect());

@@ -86,7 +86,8 @@ impl Locks for LocksService {
         &self,
         req: Request<WatchHoldRequest>,
     ) -> Result<Response<HoldStream>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
+        self.ctx().authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
         let backend = self.backend.clone();
         // Two messages at most, so a tiny buffer suffices.
         let (tx, rx) = tokio::sync::mpsc::channel(2);
@@ -128,7 +129,8 @@ impl Locks for LocksService {
         &self,
         req: Request<TryLockRequest>,
     ) -> Result<Response<TryLockResponse>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
+        self.ctx().authorize(&meta, &super::auth::contender_needs(&req.name, true)).await?;
         require_lease(req.lease)?;
         let out = mutex::try_lock(&self.backend, &req.name, req.lease)
             .await
@@ -155,7 +157,8 @@ impl Locks for LocksService {
 
     #[tracing::instrument(level = "debug", skip_all, fields(lease_id = req.get_ref().lease))]
     async fn lock(&self, req: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
+        self.ctx().authorize(&meta, &super::auth::contender_needs(&req.name, true)).await?;
         require_lease(req.lease)?;
         let wait = mutex::lock(&self.backend, &req.name, req.lease);
         let grant = if req.wait_timeout_ms > 0 {
@@ -184,7 +187,9 @@ impl Locks for LocksService {
         &self,
         req: Request<InspectRequest>,
     ) -> Result<Response<InspectResponse>, Status> {
-        let (kvs, mut header) = mutex::contenders(&self.backend, &req.into_inner().name)
+        let (meta, _, req) = req.into_parts();
+        self.ctx().authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
+        let (kvs, mut header) = mutex::contenders(&self.backend, &req.name)
             .await
             .map_err(|e| concurrency_status(&e))?;
         let mut all = Vec::with_capacity(kvs.len());
@@ -202,7 +207,8 @@ impl Locks for LocksService {
         &self,
         req: Request<CheckTokenRequest>,
     ) -> Result<Response<CheckTokenResponse>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
+        self.ctx().authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
         let resp =
             super::kv::range(self.ctx(), crate::concurrency::holder_range(&req.name)).await?;
         let holder = match resp.kvs.first() {
@@ -223,15 +229,19 @@ impl Locks for LocksService {
         &self,
         req: Request<FencedTxnRequest>,
     ) -> Result<Response<FencedTxnResponse>, Status> {
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
         let txn = req.txn.unwrap_or_default();
         self.ctx().check_size(&txn)?;
         validate::txn(&txn, self.ctx().max_txn_ops).map_err(|e| mvcc_status(&e))?;
         if req.name.is_empty() {
             return Err(Status::invalid_argument("etcdserver: key is not provided"));
         }
+        // The fence reads the holder under `name/`; the txn needs what any txn needs.
+        let mut needs = super::auth::contender_needs(&req.name, false);
+        needs.extend(crate::auth::perm::txn_needs(&txn));
+        let checked = self.ctx().authorize(&meta, &needs).await?;
         let cmd = Cmd::FencedTxn(FencedTxn { name: req.name, token: req.token, txn: Some(txn) });
-        match self.ctx().propose(cmd).await {
+        match self.ctx().propose(self.ctx().guard(checked, cmd)).await {
             Ok(CmdResult::Txn(mut r)) => {
                 self.ctx().stamp(&mut r.header);
                 Ok(Response::new(FencedTxnResponse { header: r.header, txn: Some(r) }))

@@ -4,16 +4,14 @@
 //! local reads, Snapshot streams this member's state, Defragment compacts this member's RocksDB.
 //! MoveLeader is a cluster operation and goes to the leader ([`crate::raft::transfer`]).
 //!
-//! Alarms are kept in memory on the member that was asked, not replicated: Picket raises no
-//! alarms itself yet (no space quota, no corruption checker), so GET is always empty unless an
-//! operator activated one by hand, and an activated alarm does not stop writes.
+//! Alarms are replicated ([`crate::quota`]): Activate and Deactivate are Raft commands applied
+//! on every member, GET lists this member's applied copy. Members raise and clear their own
+//! NOSPACE alarm (`--quota-backend-bytes`); `etcdctl alarm disarm` deactivates any alarm.
 
-use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use futures::Stream;
-use parking_lot::Mutex;
 use picket_proto::etcdserverpb::alarm_request::AlarmAction;
 use picket_proto::etcdserverpb::maintenance_server::Maintenance;
 use picket_proto::etcdserverpb::{
@@ -23,6 +21,8 @@ use picket_proto::etcdserverpb::{
     StatusResponse,
 };
 use picket_proto::picket::raft::v1::cluster_op::Op;
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
 use tonic::{Request, Response, Status};
 
 use super::status::{membership_status, mvcc_status, storage_failure};
@@ -47,13 +47,19 @@ const NO_LEADER: &str = "etcdserver: no leader";
 pub struct MaintenanceService {
     ctx: Arc<Ctx>,
     control: ClusterControl,
-    /// Active alarms as (member id, alarm type); see the module docs.
-    alarms: Mutex<BTreeSet<(u64, i32)>>,
+    /// The quota in effect (`--quota-backend-bytes`), reported in `Status.db_size_quota`.
+    quota: u64,
 }
 
 impl MaintenanceService {
     pub fn new(ctx: Arc<Ctx>, control: ClusterControl) -> Self {
-        Self { ctx, control, alarms: Mutex::new(BTreeSet::new()) }
+        Self { ctx, control, quota: crate::quota::DEFAULT_QUOTA_BYTES }
+    }
+
+    /// Reports `quota` as the storage quota in `Status`.
+    pub fn with_quota(mut self, quota: u64) -> Self {
+        self.quota = quota;
+        self
     }
 
     fn engine(&self) -> RocksEngine {
@@ -61,22 +67,14 @@ impl MaintenanceService {
     }
 }
 
-/// RocksDB size estimates: (bytes on disk, bytes of live data), over every column family,
-/// counting SST files and memtables (etcd: bbolt file size and bytes in use).
+/// Backend size estimates: (bytes on disk, bytes of live data) of the state machine's column
+/// families, table files and memtables (etcd: bbolt file size and bytes in use; the Raft log is
+/// excluded as etcd's WAL is). The quota compares the first with `--quota-backend-bytes`; see
+/// [`crate::quota::backend_sizes`].
 pub(crate) fn db_sizes(engine: &RocksEngine) -> (i64, i64) {
-    let db = engine.db();
-    let prop = |cf: Cf, name: &rocksdb::properties::PropName| -> u64 {
-        // A missing or unreadable property only makes the estimate smaller.
-        db.property_int_value_cf(engine.cf_handle(cf), name).ok().flatten().unwrap_or(0)
-    };
-    let (mut total, mut live) = (0u64, 0u64);
-    for cf in Cf::ALL {
-        let mem = prop(cf, rocksdb::properties::CUR_SIZE_ALL_MEM_TABLES);
-        total += prop(cf, rocksdb::properties::TOTAL_SST_FILES_SIZE) + mem;
-        live += prop(cf, rocksdb::properties::LIVE_SST_FILES_SIZE) + mem;
-    }
+    let (total, live) = crate::quota::backend_sizes(engine);
     let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    (clamp(total), clamp(live.min(total)))
+    (clamp(total), clamp(live))
 }
 
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
@@ -85,36 +83,42 @@ type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>
 impl Maintenance for MaintenanceService {
     #[tracing::instrument(level = "debug", skip_all)]
     async fn alarm(&self, req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
-        let req = req.into_inner();
-        let header = Some(self.ctx.header(self.ctx.sm.revision()));
-        let mut alarms = self.alarms.lock();
+        let (meta, _, req) = req.into_parts();
+        // Listing alarms needs a valid token; raising or clearing one is root's (etcd).
+        if req.action == AlarmAction::Get as i32 {
+            self.ctx.authorize(&meta, &[]).await?;
+        } else {
+            self.ctx.authorize_admin(&meta).await?;
+        }
         let action = AlarmAction::try_from(req.action)
             .map_err(|_| Status::invalid_argument("picket: unknown alarm action"))?;
-        let listed = match action {
-            AlarmAction::Get => alarms
-                .iter()
-                .filter(|(m, a)| {
-                    (req.member_id == 0 || *m == req.member_id)
-                        && (req.alarm == AlarmType::None as i32 || *a == req.alarm)
-                })
-                .map(|&(member_id, alarm)| AlarmMember { member_id, alarm })
-                .collect(),
-            AlarmAction::Activate => {
-                if req.alarm == AlarmType::None as i32 {
+        let alarms = match action {
+            // This member's applied copy of the replicated set (etcd serves GET through Raft;
+            // the copy lags the leader's by at most the commits not yet applied here).
+            AlarmAction::Get => {
+                let active = crate::quota::read_alarms(self.ctx.sm.engine())
+                    .map_err(|e| storage_failure("alarm", e))?;
+                active
+                    .into_iter()
+                    .filter(|&(m, a)| {
+                        (req.member_id == 0 || m == req.member_id)
+                            && (req.alarm == AlarmType::None as i32 || a == req.alarm)
+                    })
+                    .map(|(member_id, alarm)| AlarmMember { member_id, alarm })
+                    .collect()
+            }
+            AlarmAction::Activate | AlarmAction::Deactivate => {
+                if action == AlarmAction::Activate && req.alarm == AlarmType::None as i32 {
                     return Err(Status::invalid_argument("picket: cannot activate alarm NONE"));
                 }
-                alarms.insert((req.member_id, req.alarm));
-                vec![AlarmMember { member_id: req.member_id, alarm: req.alarm }]
-            }
-            AlarmAction::Deactivate => {
-                if alarms.remove(&(req.member_id, req.alarm)) {
-                    vec![AlarmMember { member_id: req.member_id, alarm: req.alarm }]
-                } else {
-                    Vec::new()
+                match self.ctx.propose(Cmd::Alarm(req)).await? {
+                    CmdResult::Alarm(r) => r.alarms,
+                    _ => return Err(super::unexpected("alarm")),
                 }
             }
         };
-        Ok(Response::new(AlarmResponse { header, alarms: listed }))
+        let header = Some(self.ctx.header(self.ctx.sm.revision()));
+        Ok(Response::new(AlarmResponse { header, alarms }))
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
@@ -132,9 +136,11 @@ impl Maintenance for MaintenanceService {
         if leader == 0 {
             errors.push(NO_LEADER.to_string());
         }
-        for (member, alarm) in self.alarms.lock().iter() {
-            let name = AlarmType::try_from(*alarm).map(|a| a.as_str_name()).unwrap_or("UNKNOWN");
-            errors.push(format!("memberID:{member:x} alarm:{name} "));
+        // etcd's format for active alarms in `Status.errors`.
+        let alarms = crate::quota::read_alarms(self.ctx.sm.engine())
+            .map_err(|e| storage_failure("alarm", e))?;
+        for (member, alarm) in alarms {
+            errors.push(format!("memberID:{member:x} alarm:{} ", crate::quota::alarm_name(alarm)));
         }
         let (db_size, db_size_in_use) = db_sizes(self.ctx.sm.engine());
         Ok(Response::new(StatusResponse {
@@ -148,14 +154,16 @@ impl Maintenance for MaintenanceService {
             errors,
             db_size_in_use,
             is_learner,
+            db_size_quota: i64::try_from(self.quota).unwrap_or(i64::MAX),
         }))
     }
 
     #[tracing::instrument(skip_all)]
     async fn defragment(
         &self,
-        _req: Request<DefragmentRequest>,
+        req: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
+        self.ctx.authorize_admin(req.metadata()).await?;
         let engine = self.engine();
         // A full manual compaction rewrites every SST file: blocking, possibly long work.
         tokio::task::spawn_blocking(move || {
@@ -172,7 +180,8 @@ impl Maintenance for MaintenanceService {
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
-    async fn hash(&self, _req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+    async fn hash(&self, req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        self.ctx.authorize_admin(req.metadata()).await?;
         let engine = self.engine();
         let (hash, revision) = tokio::task::spawn_blocking(move || {
             let view = engine.view();
@@ -190,6 +199,7 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
+        self.ctx.authorize_admin(req.metadata()).await?;
         let rev = req.get_ref().revision;
         let engine = self.engine();
         // Reads the whole kv column family: keep it off the async workers.
@@ -209,8 +219,10 @@ impl Maintenance for MaintenanceService {
     #[tracing::instrument(skip_all)]
     async fn snapshot(
         &self,
-        _req: Request<SnapshotRequest>,
+        req: Request<SnapshotRequest>,
     ) -> Result<Response<SnapshotStream>, Status> {
+        // A snapshot holds every key and the auth store: root only (etcd).
+        self.ctx.authorize_admin(req.metadata()).await?;
         let engine = self.engine();
         let revision = self.ctx.sm.revision();
         // Building reads the whole store from one RocksDB snapshot (a consistent cut).
@@ -240,6 +252,7 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
+        self.ctx.authorize_admin(req.metadata()).await?;
         self.control.execute(Op::MoveLeader(req.into_inner())).await.map_err(membership_status)?;
         Ok(Response::new(MoveLeaderResponse {
             header: Some(self.ctx.header(self.ctx.sm.revision())),

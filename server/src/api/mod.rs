@@ -3,6 +3,7 @@
 //! barrier, and stamp every response with a [`ResponseHeader`]. Errors become statuses only in
 //! [`status`].
 
+pub mod auth;
 pub mod authority;
 pub mod cluster;
 pub mod concurrency;
@@ -10,7 +11,9 @@ pub mod kv;
 pub mod lease;
 pub mod locks;
 pub mod maintenance;
+pub mod queue;
 pub mod status;
+pub mod subscription;
 pub mod watch;
 
 use std::sync::Arc;
@@ -38,6 +41,8 @@ pub struct Ctx {
     pub lease_leader: lease::LeaseLeader,
     /// This member's metric families (proposal latency is observed in [`Ctx::propose`]).
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Token lifetime and password hashing cost (`crate::api::auth`).
+    pub auth: auth::AuthGate,
 }
 
 impl Ctx {
@@ -67,6 +72,8 @@ impl Ctx {
 
     /// Replicates a command and returns its result, mapping a replicated error to its status.
     pub async fn propose(&self, cmd: Cmd) -> Result<CmdResult, Status> {
+        // Refused early (no log entry) while NOSPACE is active; apply checks again.
+        crate::quota::check_propose(self.sm.engine(), &cmd)?;
         let timer = self.metrics.start_proposal();
         let result = self.proposer.propose(Command(RaftCommand { cmd: Some(cmd) })).await;
         timer.finish(result.is_ok());

@@ -68,9 +68,11 @@ impl Watch for WatchService {
         &self,
         req: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<WatchStream>, Status> {
-        let incoming = req.into_inner();
+        let (meta, _, incoming) = req.into_parts();
+        // The stream's token is checked when it opens and again for every watch it creates.
+        self.ctx.authorize(&meta, &[]).await?;
         let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(serve_stream(self.ctx.clone(), self.progress_interval, incoming, tx));
+        tokio::spawn(serve_stream(self.ctx.clone(), self.progress_interval, incoming, tx, meta));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 }
@@ -80,6 +82,7 @@ async fn serve_stream(
     progress_interval: Duration,
     mut incoming: Streaming<WatchRequest>,
     tx: Tx,
+    meta: tonic::metadata::MetadataMap,
 ) {
     let mut watchers: HashMap<i64, Watcher> = HashMap::new();
     let mut next_id: i64 = 0;
@@ -118,6 +121,26 @@ async fn serve_stream(
                 }
                 if create.watch_id == 0 {
                     next_id += 1;
+                }
+                // READ on the whole watched range (auth enabled), refused as etcd does: a
+                // created-and-canceled response whose reason is the error.
+                let needs = [crate::auth::Need::Read(crate::auth::KeyRange::new(
+                    &create.key,
+                    &create.range_end,
+                ))];
+                if let Err(denied) = ctx.authorize(&meta, &needs).await {
+                    let resp = WatchResponse {
+                        header: Some(ctx.header(revision)),
+                        watch_id: id,
+                        created: true,
+                        canceled: true,
+                        cancel_reason: denied.message().to_string(),
+                        ..Default::default()
+                    };
+                    if tx.send(Ok(resp)).await.is_err() {
+                        break;
+                    }
+                    continue;
                 }
                 let start =
                     if create.start_revision > 0 { create.start_revision } else { revision + 1 };
@@ -335,11 +358,17 @@ async fn run_watcher(
     };
     // Subscribe before the first replay reads the current revision (see the module docs).
     let mut feed = state.ctx.sm.subscribe();
+    // Metrics: counted while this task lives (an aborted task drops the guard too).
+    let _watcher = state.ctx.metrics.watcher();
     let mut next = start;
     let mut progress = tokio::time::interval(progress_interval);
     progress.reset();
     'replay: loop {
-        next = match state.replay(next).await {
+        // A watcher replaying history is behind the live feed: a "slow" watcher in etcd's terms.
+        let slow = state.ctx.metrics.slow_watcher();
+        let replayed = state.replay(next).await;
+        drop(slow);
+        next = match replayed {
             Some(n) => n,
             None => return,
         };

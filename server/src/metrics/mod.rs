@@ -7,6 +7,8 @@
 //!   per method (go-grpc-prometheus's `grpc_server_*` families, as etcd exports them).
 //! - [`raft`]: follows openraft's metrics watch channel (term, leader, log indexes).
 //! - [`http`]: `/metrics`, `/health`, `/readyz` and `/livez`.
+//! - [`disk`]: WAL fsync and backend commit histograms the storage layer observes, and the
+//!   watcher gauges (`picket_debugging_mvcc_watcher_total`, `_slow_watcher_total`).
 //!
 //! Gauges that describe the store (size, revision, leases) are read when scraped, not kept up to
 //! date by apply: apply stays free of metrics code, and a scrape costs a few RocksDB property
@@ -15,6 +17,7 @@
 //! The registry is per member rather than global so in-process multi-member tests keep their
 //! members' numbers apart; `picketd` runs one member per process, as etcd does.
 
+pub mod disk;
 pub mod grpc;
 pub mod http;
 pub mod raft;
@@ -77,6 +80,11 @@ pub struct Metrics {
     db_in_use_size: IntGauge,
     current_revision: IntGauge,
     compact_revision: IntGauge,
+
+    quota_backend_bytes: IntGauge,
+    disk: disk::DiskMetrics,
+    watchers: IntGauge,
+    slow_watchers: IntGauge,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(
@@ -202,6 +210,45 @@ impl Metrics {
                 "mvcc_compact_revision",
                 "Revision up to which the store was compacted.",
             )?,
+            quota_backend_bytes: gauge(
+                "server_quota_backend_bytes",
+                "The backend quota in effect (--quota-backend-bytes; 0 means 2 GiB).",
+            )?,
+            disk: disk::DiskMetrics {
+                wal_fsync: register(
+                    r,
+                    Histogram::with_opts(
+                        HistogramOpts::new(
+                            "disk_wal_fsync_duration_seconds",
+                            "Latency of synced Raft log writes (WAL write and fsync).",
+                        )
+                        .buckets(exponential_buckets(
+                            disk::DISK_BUCKETS.0,
+                            disk::DISK_BUCKETS.1,
+                            disk::DISK_BUCKETS.2,
+                        )?),
+                    )?,
+                )?,
+                backend_commit: register(
+                    r,
+                    Histogram::with_opts(
+                        HistogramOpts::new(
+                            "disk_backend_commit_duration_seconds",
+                            "Latency of state-machine batch commits (one per apply call).",
+                        )
+                        .buckets(exponential_buckets(
+                            disk::DISK_BUCKETS.0,
+                            disk::DISK_BUCKETS.1,
+                            disk::DISK_BUCKETS.2,
+                        )?),
+                    )?,
+                )?,
+            },
+            watchers: gauge("debugging_mvcc_watcher_total", "Watchers open on this member.")?,
+            slow_watchers: gauge(
+                "debugging_mvcc_slow_watcher_total",
+                "Watchers catching up from history (behind the live feed or started in the past).",
+            )?,
             registry,
         };
         Ok(metrics)
@@ -230,6 +277,26 @@ impl Metrics {
     pub fn start_proposal(&self) -> ProposalTimer<'_> {
         self.proposals_pending.inc();
         ProposalTimer { metrics: self, start: Instant::now() }
+    }
+
+    /// The histograms the storage layer observes (see [`disk`]).
+    pub fn disk(&self) -> disk::DiskMetrics {
+        self.disk.clone()
+    }
+
+    /// Records the quota in effect (`picket_server_quota_backend_bytes`).
+    pub fn set_quota(&self, bytes: u64) {
+        self.quota_backend_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Counts one open watcher while the guard lives.
+    pub fn watcher(&self) -> disk::GaugeGuard {
+        disk::GaugeGuard::new(&self.watchers)
+    }
+
+    /// Counts one watcher catching up from history while the guard lives.
+    pub fn slow_watcher(&self) -> disk::GaugeGuard {
+        disk::GaugeGuard::new(&self.slow_watchers)
     }
 
     /// Refreshes the gauges that are read from the store at scrape time.
@@ -303,5 +370,26 @@ mod tests {
         assert!(text.contains("picket_server_proposals_failed_total 1"), "{text}");
         assert!(text.contains("picket_server_proposals_pending 0"), "{text}");
         assert!(text.contains("picket_server_proposal_duration_seconds_count 1"), "{text}");
+    }
+
+    #[test]
+    fn disk_histograms_quota_and_watcher_guards() {
+        let m = Metrics::new(1).expect("registry");
+        m.set_quota(1 << 20);
+        let disk = m.disk();
+        assert_eq!(disk.time_wal_fsync(|| 7), 7);
+        disk.time_backend_commit(|| ());
+        let w = m.watcher();
+        let slow = m.slow_watcher();
+        let text = m.render().expect("render");
+        assert!(text.contains("picket_server_quota_backend_bytes 1048576"), "{text}");
+        assert!(text.contains("picket_disk_wal_fsync_duration_seconds_count 1"), "{text}");
+        assert!(text.contains("picket_disk_backend_commit_duration_seconds_count 1"), "{text}");
+        assert!(text.contains("picket_debugging_mvcc_watcher_total 1"), "{text}");
+        assert!(text.contains("picket_debugging_mvcc_slow_watcher_total 1"), "{text}");
+        drop((w, slow));
+        let text = m.render().expect("render");
+        assert!(text.contains("picket_debugging_mvcc_watcher_total 0"), "{text}");
+        assert!(text.contains("picket_debugging_mvcc_slow_watcher_total 0"), "{text}");
     }
 }

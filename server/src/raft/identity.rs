@@ -30,6 +30,7 @@ use super::bootstrap;
 use super::network::peer_channel;
 use super::types::NodeId;
 use crate::config::{Config, InitialMember};
+use crate::tls::PeerDialer;
 
 const FILE: &str = "identity.json";
 
@@ -82,6 +83,7 @@ pub async fn resolve(
     cfg: &Config,
     members: &[InitialMember],
     data_dir: &Path,
+    dialer: &PeerDialer,
 ) -> Result<Identity, IdentityError> {
     let path = data_dir.join(FILE);
     if let Some(id) = load(&path)? {
@@ -94,14 +96,14 @@ pub async fn resolve(
         .flat_map(|m| m.peer_urls.iter().cloned())
         .collect();
     let identity = if cfg.initial_cluster_state == "existing" && fresh {
-        join(&peers, &cfg.advertise_peer_urls()).await?
+        join(&peers, &cfg.advertise_peer_urls(), dialer).await?
     } else {
         let id = Identity {
             member_id: bootstrap::member_id(&cfg.initial_cluster_token, &cfg.name),
             cluster_id: bootstrap::cluster_id(&cfg.initial_cluster_token, members),
         };
         if fresh {
-            check_not_started(&peers, id.member_id).await?;
+            check_not_started(&peers, id.member_id, dialer).await?;
         }
         id
     };
@@ -145,8 +147,8 @@ fn save(dir: &Path, path: &Path, id: &Identity) -> Result<(), IdentityError> {
     std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(io)
 }
 
-async fn query(url: &str) -> Result<MembershipView, String> {
-    let channel = peer_channel(url).map_err(|e| e.to_string())?;
+async fn query(url: &str, dialer: &PeerDialer) -> Result<MembershipView, String> {
+    let channel = peer_channel(url, dialer).map_err(|e| e.to_string())?;
     let mut client = ClusterServiceClient::new(channel);
     match tokio::time::timeout(QUERY_TIMEOUT, client.membership(MembershipQuery {})).await {
         Ok(Ok(r)) => Ok(r.into_inner()),
@@ -160,13 +162,17 @@ fn started(m: &PbMember) -> bool {
 }
 
 /// Finds the id the cluster gave a member with `peer_urls`.
-async fn join(peers: &[String], own_urls: &[String]) -> Result<Identity, IdentityError> {
+async fn join(
+    peers: &[String],
+    own_urls: &[String],
+    dialer: &PeerDialer,
+) -> Result<Identity, IdentityError> {
     let deadline = Instant::now() + JOIN_TIMEOUT;
     let mut last = String::from("no member to ask in --initial-cluster");
     let mut answered_without_us = false;
     loop {
         for url in peers {
-            let view = match query(url).await {
+            let view = match query(url, dialer).await {
                 Ok(v) if v.leader_id != 0 && v.config_index > 0 => v,
                 Ok(_) => {
                     last = format!("{url}: no leader yet");
@@ -207,9 +213,13 @@ async fn join(peers: &[String], own_urls: &[String]) -> Result<Identity, Identit
 /// Refuses to start an initial member with an empty data dir if the running cluster already
 /// knows it as started (it lost its data). Peers that do not answer are skipped: on a first
 /// bootstrap they are simply not up yet, and nothing is known about this member anyway.
-async fn check_not_started(peers: &[String], id: NodeId) -> Result<(), IdentityError> {
+async fn check_not_started(
+    peers: &[String],
+    id: NodeId,
+    dialer: &PeerDialer,
+) -> Result<(), IdentityError> {
     for url in peers {
-        let Ok(view) = query(url).await else { continue };
+        let Ok(view) = query(url, dialer).await else { continue };
         if let Some(m) = view.members.iter().find(|m| m.id == id) {
             if !m.client_ur_ls.is_empty() {
                 return Err(IdentityError::AlreadyStarted { id, peer_urls: m.peer_ur_ls.clone() });

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::error::{ChangeMembershipError, ClientWriteError, RaftError};
-use openraft::{ChangeMembers, RaftMetrics};
+use openraft::{ChangeMembers, RaftMetrics, ServerState};
 use parking_lot::Mutex;
 use picket_proto::etcdserverpb::{
     Member as PbMember, MemberPromoteRequest, MemberRemoveRequest, MemberUpdateRequest,
@@ -336,7 +336,8 @@ impl ClusterControl {
         if let Some(c) = peers.get(url) {
             return Some(c.clone());
         }
-        let client = ClusterServiceClient::new(peer_channel(url).ok()?);
+        let client =
+            ClusterServiceClient::new(peer_channel(url, self.inner.proposer.dialer()).ok()?);
         peers.insert(url.to_string(), client.clone());
         Some(client)
     }
@@ -374,7 +375,9 @@ impl ClusterControl {
         match req.op.clone() {
             Some(Op::Add(AddMember { id, peer_urls })) => self.add(id, peer_urls, retry).await?,
             Some(Op::Promote(MemberPromoteRequest { id })) => self.promote(id, retry).await?,
-            Some(Op::Remove(MemberRemoveRequest { id })) => self.remove(id, retry).await?,
+            Some(Op::Remove(MemberRemoveRequest { id })) => {
+                self.remove(id, retry, deadline).await?
+            }
             Some(Op::Update(MemberUpdateRequest { id, peer_ur_ls })) => {
                 self.update(id, peer_ur_ls).await?
             }
@@ -389,9 +392,20 @@ impl ClusterControl {
         Ok(etcd_members(self.inner.raft.metrics().borrow().membership_config.membership()))
     }
 
+    /// This member must be the leader by vote, by server state *and* as a voter: a leader that
+    /// committed its own removal still names itself leader in its vote for a while, but
+    /// openraft 0.9 has already demoted its server state, and a membership change submitted then
+    /// trips openraft's "Only leader is allowed to call update_effective_membership()" assertion
+    /// (found by the Jepsen member nemesis). `remove` hands leadership over before the leader
+    /// removes itself, so this only guards the window in between.
     fn ensure_leader(&self) -> Result<(), MembershipError> {
-        match self.leader() {
-            Some(l) if l == self.inner.node_id => Ok(()),
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow();
+        let me = self.inner.node_id;
+        let voter = m.membership_config.membership().voter_ids().any(|v| v == me);
+        match m.current_leader {
+            Some(l) if l == me && m.state == ServerState::Leader && voter => Ok(()),
+            Some(l) if l == me => Err(MembershipError::NotLeader(None)),
             other => Err(MembershipError::NotLeader(other)),
         }
     }
@@ -497,7 +511,12 @@ impl ClusterControl {
         self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])), true).await
     }
 
-    async fn remove(&self, id: NodeId, retry: bool) -> Result<(), MembershipError> {
+    async fn remove(
+        &self,
+        id: NodeId,
+        retry: bool,
+        deadline: Instant,
+    ) -> Result<(), MembershipError> {
         let m = self.effective();
         if m.get_node(&id).is_none() {
             return if retry { Ok(()) } else { Err(MembershipError::MemberNotFound) };
@@ -507,12 +526,37 @@ impl ClusterControl {
             if last.iter().all(|v| *v == id) {
                 return Err(MembershipError::NotEnoughMembers);
             }
+            if id == self.inner.node_id {
+                // The leader removing itself: openraft 0.9 keeps a removed leader leading (and
+                // asserts on its next membership change), so hand leadership to the most
+                // caught-up remaining voter first and let the caller retry there. Retrying is
+                // safe: nothing was changed yet, and the retried removal is idempotent.
+                let target = self.most_caught_up_voter(&last, id);
+                let Some(target) = target else { return Err(MembershipError::NotEnoughMembers) };
+                tracing::info!(
+                    node_id = id,
+                    target,
+                    "leader asked to remove itself; transferring first"
+                );
+                super::transfer::transfer(self, target, deadline).await?;
+                return Err(MembershipError::NotLeader(Some(target)));
+            }
             tracing::info!(node_id = id, "removing voter");
             self.change(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false).await
         } else {
             tracing::info!(node_id = id, "removing learner");
             self.change(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false).await
         }
+    }
+
+    /// The voter in `voters` other than `except` whose replicated log reaches furthest.
+    fn most_caught_up_voter(&self, voters: &BTreeSet<NodeId>, except: NodeId) -> Option<NodeId> {
+        let metrics = self.inner.raft.metrics();
+        let m = metrics.borrow();
+        voters.iter().copied().filter(|v| *v != except).max_by_key(|v| {
+            let matched = m.replication.as_ref().and_then(|r| r.get(v).cloned()).flatten();
+            (matched.map(|l| l.index), std::cmp::Reverse(*v))
+        })
     }
 
     async fn update(&self, id: NodeId, peer_urls: Vec<String>) -> Result<(), MembershipError> {

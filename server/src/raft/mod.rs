@@ -2,6 +2,7 @@
 //! bootstrap. Nothing outside this module and `storage::{log_store, state_machine}` imports
 //! openraft; the MVCC, lease and watch logic sits behind the state machine's apply.
 
+pub mod batcher;
 pub mod bootstrap;
 pub mod identity;
 pub mod member_tasks;

@@ -20,21 +20,24 @@ use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
 use super::types::{Member, NodeId, TypeConfig};
+use crate::tls::PeerDialer;
 
 /// How long to wait for a TCP connection to a peer. A peer that cannot be reached within this
 /// time is reported `Unreachable`, and openraft backs off before retrying, so a dead peer costs
 /// one short wait per backoff period rather than a stuck replication stream.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
-/// Opens a lazily connected channel to a peer URL. tonic reconnects the channel by itself after
-/// a failure, so a restarted peer is picked up without creating a new client.
-pub fn peer_channel(url: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(url.to_string())?
+/// Opens a lazily connected channel to a peer URL, over TLS with the peer certificates when the
+/// URL is `https` (see `crate::tls`). tonic reconnects the channel by itself after a failure,
+/// so a restarted peer is picked up without creating a new client. Every dial to a peer goes
+/// through here, so peer TLS applies to all of them.
+pub fn peer_channel(url: &str, dialer: &PeerDialer) -> Result<Channel, tonic::transport::Error> {
+    let endpoint = Endpoint::from_shared(url.to_string())?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .connect_lazy())
+        .keep_alive_timeout(Duration::from_secs(5));
+    Ok(dialer.apply(url, endpoint)?.connect_lazy())
 }
 
 pub fn encode<T: Serialize>(v: &T) -> Result<RaftPayload, postcard::Error> {
@@ -59,16 +62,23 @@ pub struct Network {
     /// Keyed by member id; the URL is kept so a member whose peer URL changed (a membership
     /// update) gets a channel to the new URL instead of the stale one.
     channels: HashMap<NodeId, (String, Channel)>,
+    /// Plain text or TLS per peer URL; the default dials plain `http` peers only.
+    dialer: PeerDialer,
 }
 
 impl Network {
+    /// A network that dials peers with `dialer`.
+    pub fn new(dialer: PeerDialer) -> Self {
+        Network { channels: HashMap::new(), dialer }
+    }
+
     fn channel(&mut self, target: NodeId, url: &str) -> Option<Channel> {
         if let Some((cached_url, ch)) = self.channels.get(&target) {
             if cached_url == url {
                 return Some(ch.clone());
             }
         }
-        match peer_channel(url) {
+        match peer_channel(url, &self.dialer) {
             Ok(ch) => {
                 self.channels.insert(target, (url.to_string(), ch.clone()));
                 Some(ch)

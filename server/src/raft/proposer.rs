@@ -6,6 +6,9 @@
 //! cases where the outcome is known: a request the leader refused before appending it, or one
 //! that never left this node. Anything else is reported as indeterminate, never retried.
 //!
+//! Proposals on the leader are group-committed ([`super::batcher`]): concurrent proposals, local
+//! or forwarded from followers, share one Raft entry and so one log fsync.
+//!
 //! Read indexes are batched ([`super::read_index`]): concurrent reads and lease keep-alives on
 //! the leader share one leadership confirmation, and concurrent reads on a follower share one
 //! ReadIndex RPC to the leader.
@@ -18,6 +21,7 @@ use futures::future::BoxFuture;
 use futures::FutureExt;
 use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use parking_lot::Mutex;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
 use picket_proto::picket::raft::v1::{CommandResult, ForwardRequest, ReadIndexRequest};
 use thiserror::Error;
@@ -25,9 +29,11 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
+use super::batcher::{EntrySink, Limits, ProposalBatcher};
 use super::network::peer_channel;
 use super::read_index::{ReadIndexBatcher, ReadIndexSource};
 use super::types::{Command, NodeId, Raft};
+use crate::tls::PeerDialer;
 
 /// Marker at the start of the status message a member returns when it refused a forwarded
 /// request because it is not the leader. The request was not appended, so it is safe to retry.
@@ -44,6 +50,10 @@ const NO_LEADER_BACKOFF: Duration = Duration::from_millis(50);
 /// the callers of an abandoned round retry with a new round until their own deadline. Two
 /// seconds is a fraction of the request timeout (7 s by default), so callers still get a retry.
 const ROUND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Overrides the number of group-commit entries in flight ([`super::batcher::MAX_IN_FLIGHT`]).
+/// For benchmarks comparing pipeline depths only; unset in every deployment.
+const IN_FLIGHT_ENV: &str = "PICKET_BATCH_IN_FLIGHT";
 
 #[derive(Debug, Clone, Error)]
 #[non_exhaustive]
@@ -83,6 +93,8 @@ struct Inner {
     raft: Raft,
     node_id: NodeId,
     request_timeout: Duration,
+    /// How peers are dialed (plain or TLS, `crate::tls`); also used by `raft::membership`.
+    dialer: PeerDialer,
     peers: Mutex<HashMap<String, RaftServiceClient<Channel>>>,
     /// While set and in the future, this member acts as if it were not the leader: a leader
     /// transfer (`raft::transfer`) stops all leader traffic so the followers' leader leases run
@@ -92,10 +104,12 @@ struct Inner {
     local_reads: ReadIndexBatcher<LocalReads>,
     /// ReadIndex RPCs to the leader (used while another member leads).
     leader_reads: ReadIndexBatcher<LeaderReads>,
+    /// Group commit of this member's proposals (see [`super::batcher`]).
+    writes: ProposalBatcher<LocalWrites>,
 }
 
 impl Proposer {
-    pub fn new(raft: Raft, node_id: NodeId, request_timeout: Duration) -> Self {
+    pub fn new(raft: Raft, node_id: NodeId, request_timeout: Duration, dialer: PeerDialer) -> Self {
         // The batchers' sources need the proposer (pause flag, peer clients) and live inside it,
         // so they hold a weak reference: no cycle, and a source outliving the proposer (a round
         // still running at shutdown) just reports `Stopped`.
@@ -103,10 +117,12 @@ impl Proposer {
             raft,
             node_id,
             request_timeout,
+            dialer,
             peers: Mutex::new(HashMap::new()),
             paused_until: Mutex::new(None),
             local_reads: ReadIndexBatcher::new(LocalReads(me.clone())),
             leader_reads: ReadIndexBatcher::new(LeaderReads(me.clone())),
+            writes: ProposalBatcher::new(LocalWrites(me.clone()), batch_limits()),
         });
         Self { inner }
     }
@@ -121,6 +137,11 @@ impl Proposer {
 
     pub fn request_timeout(&self) -> Duration {
         self.inner.request_timeout
+    }
+
+    /// How this member dials its peers (plain text or TLS).
+    pub fn dialer(&self) -> &PeerDialer {
+        &self.inner.dialer
     }
 
     /// Refuses local proposals and read indexes until `until` (or [`Proposer::resume`]), as a
@@ -138,27 +159,21 @@ impl Proposer {
         self.inner.paused()
     }
 
-    /// Proposes on this member only; fails with `NotLeader` if it is not the leader.
+    /// Proposes on this member only; fails with `NotLeader` if it is not the leader. The
+    /// command shares an entry with concurrent proposals (group commit) and gets its own result.
     pub async fn propose_local(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
         if self.paused() {
             // Nothing was appended, so the caller may retry (elsewhere) safely.
             return Err(ProposeError::NotLeader(None));
         }
-        match self.inner.raft.client_write(cmd).await {
-            Ok(resp) => Ok(resp.data.0),
-            // openraft answers ForwardToLeader either before appending or after the entry was
-            // truncated by a new leader; in both cases it is not and never will be committed.
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(ProposeError::NotLeader(f.leader_id))
-            }
-            Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                Err(ProposeError::Remote(Status::internal(e.to_string())))
-            }
-            Err(RaftError::Fatal(e)) => {
-                tracing::error!(error = %e, "raft stopped");
-                Err(ProposeError::Stopped)
-            }
+        if matches!(cmd.0.cmd, Some(Cmd::Batch(_))) {
+            // Batches are built by the batcher from single commands; one arriving from outside
+            // (a forwarded request) would nest once batched, which apply refuses.
+            return Err(ProposeError::Remote(Status::invalid_argument(
+                "picket: a command batch cannot be proposed; propose its commands one by one",
+            )));
         }
+        self.inner.writes.propose(cmd).await
     }
 
     /// Proposes a command from any member and returns its deterministic result, within the
@@ -292,9 +307,53 @@ impl Inner {
         if let Some(c) = peers.get(&url) {
             return Some(c.clone());
         }
-        let client = RaftServiceClient::new(peer_channel(&url).ok()?);
+        let client = RaftServiceClient::new(peer_channel(&url, &self.dialer).ok()?);
         peers.insert(url, client.clone());
         Some(client)
+    }
+}
+
+/// The batcher's limits: the defaults, with the pipeline depth overridable for benchmarks.
+fn batch_limits() -> Limits {
+    let mut limits = Limits::default();
+    if let Some(k) = std::env::var(IN_FLIGHT_ENV).ok().and_then(|v| v.parse::<usize>().ok()) {
+        tracing::info!(in_flight = k, "group commit pipeline depth overridden by {IN_FLIGHT_ENV}");
+        limits.max_in_flight = k;
+    }
+    limits
+}
+
+/// Proposes entries through this member's own Raft core (the group-commit batcher's sink).
+struct LocalWrites(Weak<Inner>);
+
+impl EntrySink for LocalWrites {
+    fn write(&self, cmd: Command) -> BoxFuture<'static, Result<CommandResult, ProposeError>> {
+        let inner = self.0.upgrade();
+        async move {
+            let inner = inner.ok_or(ProposeError::Stopped)?;
+            if inner.paused() {
+                // A leader transfer began while these commands were queued. Nothing was
+                // appended, so every caller may retry (elsewhere) safely.
+                return Err(ProposeError::NotLeader(None));
+            }
+            match inner.raft.client_write(cmd).await {
+                Ok(resp) => Ok(resp.data.0),
+                // openraft answers ForwardToLeader either before appending or after the entry
+                // was truncated by a new leader; in both cases it is not and never will be
+                // committed.
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
+                    Err(ProposeError::NotLeader(f.leader_id))
+                }
+                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                    Err(ProposeError::Remote(Status::internal(e.to_string())))
+                }
+                Err(RaftError::Fatal(e)) => {
+                    tracing::error!(error = %e, "raft stopped");
+                    Err(ProposeError::Stopped)
+                }
+            }
+        }
+        .boxed()
     }
 }
 

@@ -27,6 +27,10 @@ const KEY_LAST_PURGED: &[u8] = b"last_purged";
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
+    /// Times every synced write (`picket_disk_wal_fsync_duration_seconds`); none offline.
+    disk: Option<crate::metrics::disk::DiskMetrics>,
+    /// What this member acknowledged, kept outside RocksDB (`storage::wal_tail`); none offline.
+    acked: Option<super::wal_tail::AckedRecord>,
 }
 
 fn index_key(index: u64) -> [u8; 8] {
@@ -51,7 +55,43 @@ impl LogStore {
     /// Opens the log on a database that already has the `raft_log` and `raft_meta` column
     /// families (see `storage::rocks`).
     pub fn new(db: Arc<DB>) -> Self {
-        Self { db }
+        Self { db, disk: None, acked: None }
+    }
+
+    /// Records every acknowledged append and vote in `record` (see `storage::wal_tail`).
+    pub fn with_acked_record(mut self, record: super::wal_tail::AckedRecord) -> Self {
+        self.acked = Some(record);
+        self
+    }
+
+    /// The last log index and the vote's term as stored now, read synchronously at start for
+    /// `wal_tail::verify`.
+    pub fn recovered_position(&self) -> Result<(Option<u64>, Option<u64>), StorageError> {
+        let last_purged: Option<LogId> = self.get_meta(KEY_LAST_PURGED, ErrorSubject::Store)?;
+        let last_entry = match self.db.iterator_cf(self.cf(CF_LOG)?, IteratorMode::End).next() {
+            None => None,
+            Some(item) => {
+                let (_, value) =
+                    item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+                Some(Self::decode_entry(&value)?.log_id.index)
+            }
+        };
+        let vote: Option<Vote> = self.get_meta(KEY_VOTE, ErrorSubject::Vote)?;
+        Ok((last_entry.or(last_purged.map(|l| l.index)), vote.map(|v| v.leader_id().term)))
+    }
+
+    /// Observes the latency of every synced write in `disk`.
+    pub fn with_metrics(mut self, disk: crate::metrics::disk::DiskMetrics) -> Self {
+        self.disk = Some(disk);
+        self
+    }
+
+    /// One synced write of the log, timed as a WAL fsync.
+    fn write_synced(&self, batch: WriteBatch) -> Result<(), rocksdb::Error> {
+        match &self.disk {
+            Some(d) => d.time_wal_fsync(|| self.db.write_opt(batch, &synced())),
+            None => self.db.write_opt(batch, &synced()),
+        }
     }
 
     fn cf(&self, name: &str) -> Result<&rocksdb::ColumnFamily, StorageError> {
@@ -180,7 +220,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote) -> Result<(), StorageError> {
         // Durability: a vote must survive a crash before it is acted on, or a restarted node
         // could vote twice in one term. Synced write.
-        self.put_meta(KEY_VOTE, vote, ErrorSubject::Vote, true)
+        let timer = self.disk.as_ref().map(|d| d.wal_fsync.start_timer());
+        self.put_meta(KEY_VOTE, vote, ErrorSubject::Vote, true)?;
+        drop(timer);
+        if let Some(acked) = &self.acked {
+            acked.acked_vote(vote.leader_id().term);
+        }
+        Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
@@ -209,10 +255,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     {
         let cf = self.cf(CF_LOG)?;
         let mut batch = WriteBatch::default();
+        let mut last_index = None;
         for entry in entries {
             let bytes = postcard::to_allocvec(&entry)
                 .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
             batch.put_cf(cf, index_key(entry.log_id.index), bytes);
+            last_index = Some(entry.log_id.index);
         }
         // Durability: openraft counts this node towards the commit quorum as soon as the
         // callback fires, so the entries must be on stable storage first. The synced write
@@ -226,9 +274,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // a wake-up after every fsync), and `block_in_place` made no measurable difference, so
         // the write stays in place. Batching happens above openraft instead (several commands
         // per entry) or needs openraft's pipelined log IO.
-        match self.db.write_opt(batch, &synced()) {
+        match self.write_synced(batch) {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
+                if let (Some(acked), Some(index)) = (&self.acked, last_index) {
+                    acked.acked_log(index);
+                }
                 Ok(())
             }
             Err(e) => {
@@ -240,13 +291,17 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
         tracing::debug!(log_index = log_id.index, "truncating log");
+        if let Some(acked) = &self.acked {
+            // Lowered durably *before* the truncation (see `storage::wal_tail`, point 3).
+            acked
+                .before_truncate(log_id.index.saturating_sub(1))
+                .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+        }
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(self.cf(CF_LOG)?, index_key(log_id.index), index_key(u64::MAX));
         // Durability: synced so a crash cannot resurrect conflicting entries after the leader
         // has been told they are gone and newer entries replaced them.
-        self.db
-            .write_opt(batch, &synced())
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+        self.write_synced(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
@@ -266,8 +321,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // State-machine writes are not synced individually; syncing here flushes the shared WAL
         // up to this point, so the applied state the snapshot covers is durable before the log
         // entries that could rebuild it disappear.
-        self.db
-            .write_opt(batch, &synced())
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+        self.write_synced(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
     }
 }

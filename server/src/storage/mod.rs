@@ -22,3 +22,4 @@ pub mod log_store;
 pub mod snapshot;
 pub mod snapshot_file;
 pub mod state_machine;
+pub mod wal_tail;

@@ -18,7 +18,9 @@ use parking_lot::RwLock;
 use picket_proto::mvccpb::Event;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
-use picket_proto::picket::raft::v1::{CommandError, CommandResult, Empty};
+use picket_proto::picket::raft::v1::{
+    BatchResult, CommandBatch, CommandError, CommandResult, Empty,
+};
 use picket_proto::picket::storage::v1::LeaseRecord;
 use prost::Message;
 use tokio::sync::broadcast;
@@ -55,6 +57,10 @@ pub struct Shared {
     snapshots: SnapshotFiles,
     snapshot_seq: AtomicU64,
     events: broadcast::Sender<RevisionEvents>,
+    /// The applied auth store, for permission checks on the API layer (`crate::auth`).
+    auth: crate::auth::AuthCache,
+    /// Times batch commits (`picket_disk_backend_commit_duration_seconds`) once set.
+    disk: std::sync::OnceLock<crate::metrics::disk::DiskMetrics>,
 }
 
 struct Inner {
@@ -124,6 +130,7 @@ impl StateMachine {
         // Watchers that fall this far behind are cut off and must resume from history; the bound
         // keeps a stuck watcher from holding unbounded memory.
         let (events, _) = broadcast::channel(4096);
+        let auth = crate::auth::AuthCache::load(&engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
         Ok(Self {
             shared: Arc::new(Shared {
                 engine,
@@ -132,6 +139,8 @@ impl StateMachine {
                 snapshots,
                 snapshot_seq: AtomicU64::new(0),
                 events,
+                auth,
+                disk: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -174,6 +183,16 @@ impl Shared {
         &self.engine
     }
 
+    /// Observes batch commit latency in `disk` from now on (the first call wins).
+    pub fn set_disk_metrics(&self, disk: crate::metrics::disk::DiskMetrics) {
+        let _ = self.disk.set(disk);
+    }
+
+    /// The applied auth store (users, roles, permissions; `crate::auth`).
+    pub fn auth(&self) -> Arc<picket_proto::picket::storage::v1::AuthState> {
+        self.auth.get()
+    }
+
     /// Subscribes to the events of every revision applied from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<RevisionEvents> {
         self.events.subscribe()
@@ -213,6 +232,12 @@ fn apply_command(
     cmd: Cmd,
     entry_term: u64,
 ) -> Result<CmdResult, StorageError> {
+    // Storage quota (`crate::quota`): while a NOSPACE alarm is active, commands that grow the
+    // store get etcd's "database space exceeded", decided from replicated state only.
+    let refused = crate::quota::gate(batch, &cmd).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+    if let Some(refused) = refused {
+        return Ok(refused);
+    }
     match cmd {
         Cmd::LeaseExpire(e) if e.term != entry_term => {
             // Decided by a leader of an earlier term (see `LeaseExpire` in the proto): the
@@ -234,7 +259,10 @@ fn apply_command(
         Cmd::Put(req) => outcome(batch.put(&req, leases), CmdResult::Put),
         Cmd::DeleteRange(req) => outcome(batch.delete_range(&req), CmdResult::DeleteRange),
         Cmd::Txn(req) => outcome(batch.txn(&req, leases), CmdResult::Txn),
-        Cmd::Compaction(req) => outcome(batch.compact(&req), CmdResult::Compaction),
+        // Subscription groups may clamp a compaction (see `crate::subscription::guard`).
+        Cmd::Compaction(req) => {
+            outcome(crate::subscription::guard::compact(batch, &req), CmdResult::Compaction)
+        }
         Cmd::LeaseGrant(req) => match leases.grant(req.id, req.ttl) {
             Ok(record) => {
                 batch.put_raw(Cf::Lease, &record.id.to_be_bytes(), &record.encode_to_vec());
@@ -259,6 +287,18 @@ fn apply_command(
             Err(e) => Ok(lease_error(e)),
         },
         Cmd::LeaseCheckpoint(_) => Ok(CmdResult::Empty(Empty {})),
+        // Authentication and RBAC (`crate::auth`): store mutations, and commands whose
+        // permissions were checked at an auth revision that apply re-validates.
+        Cmd::Auth(c) => outcome(crate::auth::replicated::apply(batch, c), |r| r),
+        Cmd::AuthChecked(c) => match crate::auth::replicated::check_revision(batch, &c) {
+            Ok(Ok(inner)) => apply_command(batch, leases, inner, entry_term),
+            Ok(Err(refused)) => Ok(refused),
+            Err(e) => outcome::<()>(Err(e), |_| CmdResult::Empty(Empty {})),
+        },
+        Cmd::Alarm(req) => {
+            crate::quota::apply_alarm(batch, &req).map_err(|e| sm_err(ErrorVerb::Write, e))
+        }
+        Cmd::Batch(b) => apply_batch(batch, leases, b, entry_term),
         Cmd::FencedTxn(f) => {
             let Some(txn) = f.txn else {
                 return Ok(CmdResult::Error(CommandError {
@@ -288,6 +328,35 @@ fn apply_command(
             }
         }
     }
+}
+
+/// Applies a group-committed batch (`raft::batcher`): each command in order, exactly as if it
+/// were its own entry of term `entry_term` (own revision, own result, own watch events; a command
+/// that fails deterministically leaves the others alone). A batch nested in a batch is never
+/// built by the leader, so one in the log is corrupt or hostile: it gets an error result, the
+/// same on every member, and nothing it holds is applied.
+fn apply_batch(
+    batch: &mut ApplyBatch<'_, RocksEngine>,
+    leases: &mut LeaseTable,
+    cmds: CommandBatch,
+    entry_term: u64,
+) -> Result<CmdResult, StorageError> {
+    let mut results = Vec::with_capacity(cmds.commands.len());
+    for cmd in cmds.commands {
+        let result = match cmd.cmd {
+            Some(Cmd::Batch(_)) => CmdResult::Error(CommandError {
+                code: tonic::Code::InvalidArgument as u32,
+                message: "picket: a command batch may not contain another batch".into(),
+            }),
+            Some(c) => apply_command(batch, leases, c, entry_term)?,
+            None => CmdResult::Error(CommandError {
+                code: tonic::Code::InvalidArgument as u32,
+                message: "picket: empty raft command".into(),
+            }),
+        };
+        results.push(CommandResult { result: Some(result) });
+    }
+    Ok(CmdResult::Batch(BatchResult { results }))
 }
 
 impl RaftStateMachine<TypeConfig> for StateMachine {
@@ -346,8 +415,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // snapshot covers it, and the log purge is a synced write to the same WAL, which flushes
         // this batch first. A crash can lose the tail of applied state, never the log, and
         // replay restarts after the last applied id stored in the same batch.
-        let revisions = batch.commit(false).map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        let revisions = match self.shared.disk.get() {
+            Some(d) => d.time_backend_commit(|| batch.commit(false)),
+            None => batch.commit(false),
+        }
+        .map_err(|e| sm_err(ErrorVerb::Write, e))?;
         drop(guard);
+        // Before the results reach clients: a client whose auth change succeeded is checked
+        // against it next.
+        self.shared.auth.refresh(&self.shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
         for (revision, events) in revisions {
             // No receivers is fine: nobody is watching.
             let _ = self.shared.events.send(RevisionEvents { revision, events: Arc::new(events) });
@@ -377,6 +453,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let mut guard = self.shared.inner.write();
         snapshot::install(self.shared.engine.db(), &blob).map_err(snap_err)?;
         *guard = Inner::load(&self.shared.engine)?;
+        self.shared.auth.reload(&self.shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
         if guard.last_applied != meta.last_log_id {
             return Err(snap_err(format!(
                 "snapshot data is at {:?} but its metadata says {:?}",

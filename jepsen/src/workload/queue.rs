@@ -1,0 +1,493 @@
+//! The `queue` workload (Picket only: `picket.v1.Queue` has no etcd equivalent, so the run
+//! refuses `--target etcd`). Producers enqueue unique integers into one queue; workers claim
+//! jobs under their own kept-alive lease, then ack most and nack some (short delays, so jobs
+//! come back); after healing, a drain with a fresh lease claims and acks whatever is left, and
+//! reads the dead-letter queue and the final counts. Checked by [`crate::checker::queue`].
+//!
+//! Requests go through the generated `picket_proto` Queue client on one node's channel; leases
+//! through `etcd-client`. Status errors are classified like every other workload's (a definite
+//! rejection is `fail`, anything ambiguous is `info`).
+//!
+//! Operations (`value` of the invocation -> of the ok completion):
+//! - `enqueue {payload}` -> `{payload, id, revision}`
+//! - `claim {lease}` -> `{id, payload, token, attempt}` or `{empty: true}`
+//! - `ack {id, token, payload}` -> `{id, token, payload, revision}`
+//! - `nack {id, token, payload}` -> `{..., revision, dead}`
+//! - final: `claim`/`ack` as above with `"final": true`, `dead_letters` -> `{payloads: [...]}`,
+//!   `inspect` -> `{ready, delayed, in_flight, dead}`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::Client;
+use picket_proto::picket::v1::queue_client::QueueClient;
+use picket_proto::picket::v1::{
+    AckJobRequest, ClaimRequest, DeadLettersRequest, EnqueueRequest, NackJobRequest,
+    QueueInspectRequest,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+use tokio::task::JoinSet;
+use tonic::transport::Channel;
+
+use super::{
+    connect, max_iterations, worker_seed, OpCounts, Recorder, WorkerEnv, WorkloadError,
+    WorkloadOptions,
+};
+use crate::client::{self, OpError};
+use crate::cluster::NodeInfo;
+use crate::history::Header;
+
+/// The queue every operation uses.
+pub const QUEUE: &str = "jepsen";
+/// Attempts per job before it is dead-lettered: high, so nacks and dead claimants rarely
+/// exhaust it, but reachable (the dead-letter path is exercised when faults pile up).
+const MAX_ATTEMPTS: u32 = 8;
+/// How long a worker's Claim waits server-side for a job.
+const CLAIM_WAIT_MS: u64 = 500;
+/// Claims of the drain: it stops after this many empty claims in a row (each waits
+/// [`DRAIN_WAIT_MS`]) once nothing is pending, or after [`DRAIN_MAX`] claims.
+const DRAIN_EMPTY: usize = 3;
+const DRAIN_WAIT_MS: u64 = 2000;
+const DRAIN_MAX: usize = 100_000;
+/// Keep-alive request bound.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct QueueWorkload {
+    opts: WorkloadOptions,
+    next_payload: Arc<AtomicU64>,
+}
+
+fn status_err(s: tonic::Status) -> OpError {
+    OpError::Client(etcd_client::Error::GRpcStatus(s))
+}
+
+fn hdr(h: Option<&picket_proto::etcdserverpb::ResponseHeader>) -> Option<Header> {
+    h.map(|h| Header { revision: h.revision, raft_term: h.raft_term, member_id: h.member_id })
+}
+
+/// A lazily connected channel to one node with a per-request bound.
+fn channel(node: &NodeInfo, timeout: Duration) -> Result<Channel, WorkloadError> {
+    let ep = Channel::from_shared(node.client_url.clone()).map_err(|e| WorkloadError::Client {
+        endpoint: node.client_url.clone(),
+        message: e.to_string(),
+    })?;
+    Ok(ep.connect_timeout(timeout.min(Duration::from_secs(2))).timeout(timeout).connect_lazy())
+}
+
+async fn bounded<T>(
+    timeout: Duration,
+    fut: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> Result<T, OpError> {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(Ok(r)) => Ok(r.into_inner()),
+        Ok(Err(s)) => Err(status_err(s)),
+        Err(_) => Err(OpError::Timeout(timeout)),
+    }
+}
+
+impl QueueWorkload {
+    pub fn new(opts: WorkloadOptions) -> Self {
+        QueueWorkload { opts, next_payload: Arc::new(AtomicU64::new(0)) }
+    }
+
+    pub fn spawn_workers(
+        &self,
+        set: &mut JoinSet<Result<OpCounts, WorkloadError>>,
+        nodes: &[NodeInfo],
+        env: &WorkerEnv,
+        seed: u64,
+    ) {
+        for w in 0..self.opts.workers {
+            let node = nodes[w % nodes.len()].clone();
+            let (opts, env, next) = (self.opts.clone(), env.clone(), self.next_payload.clone());
+            // A third of the workers produce, the rest consume.
+            if w % 3 == 0 {
+                set.spawn(producer(node, opts, env, next, worker_seed(seed, w)));
+            } else {
+                set.spawn(consumer(node, opts, env, worker_seed(seed, w)));
+            }
+        }
+    }
+
+    /// The drain: after healing, claims and acks everything left (jobs of dead workers come
+    /// back when their leases expire), then reads the dead letters and the counts.
+    pub async fn final_phase(
+        &self,
+        nodes: &[NodeInfo],
+        env: &WorkerEnv,
+        op_timeout: Duration,
+    ) -> Result<(OpCounts, Vec<String>), WorkloadError> {
+        let mut counts = OpCounts::default();
+        let mut notes = Vec::new();
+        for attempt in 0..super::FINAL_ATTEMPTS {
+            let node = &nodes[attempt % nodes.len()];
+            let mut rec = Recorder::new(env, &node.name);
+            let done = drain(&mut rec, node, op_timeout, self.opts.lease_ttl).await;
+            counts.add(rec.counts);
+            match done {
+                Ok(true) => return Ok((counts, notes)),
+                Ok(false) => {}
+                Err(e) => notes.push(format!("drain through {}: {e}", node.name)),
+            }
+            tokio::time::sleep(super::FINAL_BACKOFF).await;
+        }
+        notes.push("the final drain did not complete".into());
+        Ok((counts, notes))
+    }
+}
+
+async fn producer(
+    node: NodeInfo,
+    opts: WorkloadOptions,
+    env: WorkerEnv,
+    next: Arc<AtomicU64>,
+    seed: u64,
+) -> Result<OpCounts, WorkloadError> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut q = QueueClient::new(channel(&node, opts.op_timeout)?);
+    let mut rec = Recorder::new(&env, &node.name);
+    let gap = opts.mean_gap();
+    for _ in 0..max_iterations(&env, gap) {
+        rec.pace(&mut rng, gap).await;
+        if env.should_stop() {
+            break;
+        }
+        let payload = next.fetch_add(1, Ordering::Relaxed);
+        let args = json!({ "payload": payload });
+        rec.invoke("enqueue", Some(QUEUE), args.clone())?;
+        let req = EnqueueRequest {
+            queue: QUEUE.into(),
+            payload: payload.to_string().into_bytes(),
+            max_attempts: MAX_ATTEMPTS,
+            backoff_ms: 50,
+            priority: rng.random_range(0..3),
+            ..Default::default()
+        };
+        match bounded(opts.op_timeout, q.enqueue(req)).await {
+            Ok(r) => {
+                let v = json!({"payload": payload, "id": r.job_id, "revision": r.revision});
+                rec.ok("enqueue", Some(QUEUE), v, hdr(r.header.as_ref()))?;
+            }
+            Err(e) => {
+                rec.error("enqueue", Some(QUEUE), args, &e, false)?;
+            }
+        }
+    }
+    Ok(rec.counts)
+}
+
+/// Keeps `lease` alive through `c` until aborted: a keep-alive every third of the TTL.
+fn keep_alive(mut c: Client, lease: i64, ttl: i64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let every = Duration::from_millis((ttl.max(1) as u64) * 1000 / 3);
+        let mut stream = None;
+        // Aborted by the owner; the count bound is a backstop (an hour of keep-alives).
+        for _ in 0..(3600 * 1000 / every.as_millis().max(1) as u64) {
+            if stream.is_none() {
+                stream = tokio::time::timeout(KEEPALIVE_TIMEOUT, c.lease_keep_alive(lease))
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
+            } else if let Some((keeper, s)) = stream.as_mut() {
+                let ok = tokio::time::timeout(KEEPALIVE_TIMEOUT, async {
+                    keeper.keep_alive().await?;
+                    s.message().await
+                })
+                .await;
+                match ok {
+                    Ok(Ok(Some(r))) if r.ttl() > 0 => {}
+                    Ok(Ok(Some(_))) => return,
+                    _ => stream = None,
+                }
+            }
+            tokio::time::sleep(every).await;
+        }
+    })
+}
+
+/// Grants a lease (recorded as `lease_grant`).
+async fn grant(
+    rec: &mut Recorder,
+    c: &mut Client,
+    ttl: i64,
+    timeout: Duration,
+) -> Result<Option<i64>, WorkloadError> {
+    rec.invoke("lease_grant", None, json!({ "ttl": ttl }))?;
+    match client::bounded(timeout, c.lease_grant(ttl, None)).await {
+        Ok(r) => {
+            let h = client::header(r.header());
+            rec.ok("lease_grant", None, json!({"ttl": r.ttl(), "id": r.id()}), h)?;
+            Ok(Some(r.id()))
+        }
+        Err(e) => {
+            rec.error("lease_grant", None, json!({ "ttl": ttl }), &e, false)?;
+            Ok(None)
+        }
+    }
+}
+
+/// A claimed job as the history records it.
+struct Claimed {
+    id: String,
+    payload: Value,
+    token: i64,
+}
+
+/// One `claim` operation. `Ok(None)`: nothing claimed (empty, or failed: see the history).
+async fn claim(
+    rec: &mut Recorder,
+    q: &mut QueueClient<Channel>,
+    lease: i64,
+    wait_ms: u64,
+    timeout: Duration,
+    fin: bool,
+) -> Result<(Option<Claimed>, bool), WorkloadError> {
+    let args = json!({ "lease": lease, "final": fin });
+    rec.invoke("claim", Some(QUEUE), args.clone())?;
+    let req = ClaimRequest {
+        queue: QUEUE.into(),
+        lease,
+        wait_timeout_ms: Some(wait_ms),
+        ..Default::default()
+    };
+    match bounded(timeout + Duration::from_millis(wait_ms), q.claim(req)).await {
+        Ok(r) => match r.job {
+            Some(j) => {
+                let payload: Value = String::from_utf8_lossy(&j.payload)
+                    .parse::<u64>()
+                    .map(Value::from)
+                    .unwrap_or_else(|_| Value::from(String::from_utf8_lossy(&j.payload)));
+                let v = json!({"id": j.job_id, "payload": payload, "token": j.token,
+                               "attempt": j.attempt, "lease": lease, "final": fin});
+                rec.ok("claim", Some(QUEUE), v, hdr(r.header.as_ref()))?;
+                Ok((Some(Claimed { id: j.job_id, payload, token: j.token }), true))
+            }
+            None => {
+                let v = json!({"empty": true, "lease": lease, "final": fin});
+                rec.ok("claim", Some(QUEUE), v, hdr(r.header.as_ref()))?;
+                Ok((None, true))
+            }
+        },
+        Err(e) => {
+            // A claim with an unknown outcome is `info`: a claim may exist under our lease that
+            // nobody will ack; it ends with the lease and the job comes back.
+            rec.error("claim", Some(QUEUE), args, &e, false)?;
+            Ok((None, false))
+        }
+    }
+}
+
+/// One `ack` operation; returns whether it succeeded.
+async fn ack(
+    rec: &mut Recorder,
+    q: &mut QueueClient<Channel>,
+    job: &Claimed,
+    timeout: Duration,
+    fin: bool,
+) -> Result<bool, WorkloadError> {
+    let args = json!({"id": job.id, "token": job.token, "payload": job.payload, "final": fin});
+    rec.invoke("ack", Some(QUEUE), args.clone())?;
+    let req = AckJobRequest { queue: QUEUE.into(), job_id: job.id.clone(), token: job.token };
+    match bounded(timeout, q.ack(req)).await {
+        Ok(r) => {
+            let rev = r.header.as_ref().map(|h| h.revision).unwrap_or_default();
+            let v = json!({"id": job.id, "token": job.token, "payload": job.payload,
+                           "revision": rev, "final": fin});
+            rec.ok("ack", Some(QUEUE), v, hdr(r.header.as_ref()))?;
+            Ok(true)
+        }
+        Err(e) => {
+            rec.error("ack", Some(QUEUE), args, &e, false)?;
+            Ok(false)
+        }
+    }
+}
+
+async fn consumer(
+    node: NodeInfo,
+    opts: WorkloadOptions,
+    env: WorkerEnv,
+    seed: u64,
+) -> Result<OpCounts, WorkloadError> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let timeout = opts.op_timeout;
+    let mut q = QueueClient::new(channel(&node, timeout)?);
+    let mut c = connect(&node, timeout).await?;
+    let ka_client = connect(&node, timeout).await?;
+    let mut rec = Recorder::new(&env, &node.name);
+    let gap = opts.mean_gap();
+    let ttl = opts.lease_ttl.max(1);
+    let mut lease: Option<(i64, tokio::task::JoinHandle<()>)> = None;
+    for _ in 0..max_iterations(&env, gap) {
+        rec.pace(&mut rng, gap).await;
+        if env.should_stop() {
+            break;
+        }
+        let l = match &lease {
+            Some((l, _)) => *l,
+            None => match grant(&mut rec, &mut c, ttl, timeout).await? {
+                Some(l) => {
+                    lease = Some((l, keep_alive(ka_client.clone(), l, ttl)));
+                    l
+                }
+                None => continue,
+            },
+        };
+        let (job, answered) = claim(&mut rec, &mut q, l, CLAIM_WAIT_MS, timeout, false).await?;
+        let Some(job) = job else {
+            if !answered {
+                // Maybe the lease is gone (a pause outlasted it): start over with a new one.
+                if let Some((_, ka)) = lease.take() {
+                    ka.abort();
+                }
+            }
+            continue;
+        };
+        // "Work": a short pause, so claims overlap with faults.
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
+        if rng.random_range(0..100) < 85 {
+            ack(&mut rec, &mut q, &job, timeout, false).await?;
+        } else {
+            let args = json!({"id": job.id, "token": job.token, "payload": job.payload});
+            rec.invoke("nack", Some(QUEUE), args.clone())?;
+            let req = NackJobRequest {
+                queue: QUEUE.into(),
+                job_id: job.id.clone(),
+                token: job.token,
+                delay_ms: Some(rng.random_range(0..100)),
+                error: "jepsen nack".into(),
+            };
+            match bounded(timeout, q.nack(req)).await {
+                Ok(r) => {
+                    let rev = r.header.as_ref().map(|h| h.revision).unwrap_or_default();
+                    let v = json!({"id": job.id, "token": job.token, "payload": job.payload,
+                                   "revision": rev, "dead": r.dead_lettered});
+                    rec.ok("nack", Some(QUEUE), v, hdr(r.header.as_ref()))?;
+                }
+                Err(e) => {
+                    rec.error("nack", Some(QUEUE), args, &e, false)?;
+                }
+            }
+        }
+    }
+    if let Some((l, ka)) = lease.take() {
+        ka.abort();
+        // Best effort: an unrevoked lease expires on its own within its TTL.
+        let _ = client::bounded(timeout, c.lease_revoke(l)).await;
+    }
+    Ok(rec.counts)
+}
+
+/// Drains the queue through `node`. Returns true when the drain completed: the queue had no
+/// pending job and the dead letters and counts were read.
+async fn drain(
+    rec: &mut Recorder,
+    node: &NodeInfo,
+    timeout: Duration,
+    lease_ttl: i64,
+) -> Result<bool, WorkloadError> {
+    let mut q = QueueClient::new(channel(node, timeout)?);
+    let mut c = connect(node, timeout).await?;
+    // Long enough to outlive the drain's pauses between claims; revoked at the end.
+    let Some(lease) = grant(rec, &mut c, 60, timeout).await? else { return Ok(false) };
+    let mut empty = 0;
+    let mut ok = false;
+    for _ in 0..DRAIN_MAX {
+        let (job, answered) = claim(rec, &mut q, lease, DRAIN_WAIT_MS, timeout, true).await?;
+        match job {
+            Some(job) => {
+                empty = 0;
+                if !ack(rec, &mut q, &job, timeout, true).await? {
+                    break;
+                }
+            }
+            None if !answered => break,
+            None => {
+                // Empty now: jobs of workers whose leases have not expired yet are in flight.
+                let counts = inspect(rec, &mut q, timeout).await?;
+                match counts {
+                    Some((0, _)) => {
+                        empty += 1;
+                        if empty >= DRAIN_EMPTY {
+                            ok = true;
+                            break;
+                        }
+                    }
+                    Some(_) => {
+                        // In flight under a dead worker's lease: it expires within the TTL.
+                        tokio::time::sleep(Duration::from_secs(lease_ttl.max(1) as u64)).await;
+                    }
+                    None => break,
+                }
+            }
+        }
+    }
+    if ok {
+        ok = dead_letters(rec, &mut q, timeout).await?;
+    }
+    let _ = client::bounded(timeout, c.lease_revoke(lease)).await;
+    Ok(ok)
+}
+
+/// Records `inspect`; returns (ready + delayed + in flight, dead).
+async fn inspect(
+    rec: &mut Recorder,
+    q: &mut QueueClient<Channel>,
+    timeout: Duration,
+) -> Result<Option<(u64, u64)>, WorkloadError> {
+    rec.invoke("inspect", Some(QUEUE), Value::Null)?;
+    let req = QueueInspectRequest { queue: QUEUE.into(), limit: 0 };
+    match bounded(timeout, q.inspect(req)).await {
+        Ok(r) => {
+            let v = json!({"ready": r.ready, "delayed": r.delayed, "in_flight": r.in_flight,
+                           "dead": r.dead});
+            rec.ok("inspect", Some(QUEUE), v, hdr(r.header.as_ref()))?;
+            Ok(Some((r.ready + r.delayed + r.in_flight, r.dead)))
+        }
+        Err(e) => {
+            rec.error("inspect", Some(QUEUE), Value::Null, &e, true)?;
+            Ok(None)
+        }
+    }
+}
+
+/// Records `dead_letters` with every dead letter's payload.
+async fn dead_letters(
+    rec: &mut Recorder,
+    q: &mut QueueClient<Channel>,
+    timeout: Duration,
+) -> Result<bool, WorkloadError> {
+    rec.invoke("dead_letters", Some(QUEUE), Value::Null)?;
+    let req = DeadLettersRequest { queue: QUEUE.into(), limit: 1000 };
+    match bounded(timeout, q.dead_letters(req)).await {
+        Ok(r) if r.count as usize > r.jobs.len() => {
+            let msg = format!("{} dead letters, more than one page", r.count);
+            rec.fail("dead_letters", Some(QUEUE), Value::Null, "too-many", &msg)?;
+            Ok(false)
+        }
+        Ok(r) => {
+            let payloads: Vec<Value> = r
+                .jobs
+                .iter()
+                .map(|d| {
+                    String::from_utf8_lossy(&d.payload)
+                        .parse::<u64>()
+                        .map(Value::from)
+                        .unwrap_or_else(|_| Value::from(String::from_utf8_lossy(&d.payload)))
+                })
+                .collect();
+            let ids: Vec<String> =
+                r.jobs.iter().filter_map(|d| d.job.as_ref().map(|j| j.job_id.clone())).collect();
+            let v = json!({"payloads": payloads, "ids": ids, "final": true});
+            rec.ok("dead_letters", Some(QUEUE), v, hdr(r.header.as_ref()))?;
+            Ok(true)
+        }
+        Err(e) => {
+            rec.error("dead_letters", Some(QUEUE), Value::Null, &e, true)?;
+            Ok(false)
+        }
+    }
+}

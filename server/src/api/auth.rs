@@ -1,0 +1,481 @@
+//! `etcdserverpb.Auth`, and the checks every other service runs when auth is enabled.
+//!
+//! Every request carries the token from `Authenticate` in the gRPC metadata key `token` (what
+//! etcd's clients send). [`Ctx::auth_info`] verifies it against the member's applied auth store
+//! (see `crate::auth::token`), and [`Ctx::authorize`] checks what the request needs against the
+//! user's roles *before* anything is proposed. A write then travels as an `AuthChecked` command
+//! that names the auth revision it was checked at, and apply refuses it if the auth store has
+//! changed since ("revision of auth store is old"; clients retry), so a request racing a
+//! permission revoke cannot slip through. Reads are checked after their read barrier, against a
+//! store at least as new as the request.
+//!
+//! With auth disabled nothing is checked, no token is needed, and commands are proposed as they
+//! always were. One race is accepted, as in etcd with simple tokens: a write admitted by a member
+//! that had not yet applied AuthEnable is proposed unchecked and may apply after it.
+
+use std::time::Duration;
+
+use picket_proto::authpb::permission::Type as PermType;
+use picket_proto::etcdserverpb::auth_server::Auth;
+use picket_proto::etcdserverpb::*;
+use picket_proto::picket::raft::v1::auth_command::Op;
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
+use picket_proto::picket::raft::v1::{AuthCommand, AuthEnable};
+use picket_proto::picket::storage::v1::AuthState;
+use std::sync::Arc;
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Request, Response, Status};
+
+use super::{unexpected, Ctx};
+use crate::auth::perm::{self, Need};
+use crate::auth::{password, store, token, AuthError};
+
+/// Token lifetime and hashing cost (`--auth-token-ttl`, `--bcrypt-cost`).
+#[derive(Debug, Clone)]
+pub struct AuthGate {
+    pub token_ttl: Duration,
+    pub bcrypt_cost: u32,
+}
+
+impl Default for AuthGate {
+    fn default() -> Self {
+        Self { token_ttl: Duration::from_secs(300), bcrypt_cost: password::DEFAULT_COST }
+    }
+}
+
+/// etcd's gRPC code for each auth error (its `toGRPCErrorMap`).
+pub fn auth_status(e: &AuthError) -> Status {
+    let code = match e {
+        AuthError::UserEmpty
+        | AuthError::RoleEmpty
+        | AuthError::AuthFailed
+        | AuthError::AuthOldRevision
+        | AuthError::InvalidPermRange
+        | AuthError::InvalidHash
+        | AuthError::PasswordTooLong => Code::InvalidArgument,
+        AuthError::PermissionDenied => Code::PermissionDenied,
+        AuthError::InvalidAuthToken => Code::Unauthenticated,
+        _ => Code::FailedPrecondition,
+    };
+    Status::new(code, e.to_string())
+}
+
+/// Who sent a request, and the auth store it is judged against.
+pub struct AuthInfo {
+    pub user: String,
+    pub state: Arc<AuthState>,
+}
+
+impl AuthInfo {
+    fn is_root(&self) -> bool {
+        store::find_user(&self.state, &self.user).is_some_and(perm::is_root)
+    }
+
+    fn check(&self, needs: &[Need]) -> Result<(), Status> {
+        let user = store::find_user(&self.state, &self.user)
+            .ok_or_else(|| auth_status(&AuthError::InvalidAuthToken))?;
+        perm::check(user, &self.state.roles, needs).map_err(|e| auth_status(&e))
+    }
+}
+
+/// Unix seconds now, for token expiry. API layer only (never apply).
+#[allow(clippy::disallowed_methods)] // Token expiry is wall-clock time by nature; not in apply.
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl Ctx {
+    /// Whether this member has applied an AuthEnable (and no later AuthDisable).
+    pub fn auth_enabled(&self) -> bool {
+        self.sm.auth().enabled
+    }
+
+    /// The caller, from the `token` metadata; `None` when auth is disabled.
+    pub async fn auth_info(&self, meta: &MetadataMap) -> Result<Option<AuthInfo>, Status> {
+        let mut state = self.sm.auth();
+        if !state.enabled {
+            return Ok(None);
+        }
+        let invalid = || auth_status(&AuthError::InvalidAuthToken);
+        let Some(raw) = meta.get("token") else {
+            return Err(auth_status(&AuthError::UserEmpty));
+        };
+        let claims =
+            token::parse(raw.to_str().map_err(|_| invalid())?).map_err(|e| auth_status(&e))?;
+        if state.revision < claims.auth_revision {
+            // Issued by a member that is ahead of us: catch up before judging it.
+            self.read_barrier().await?;
+            state = self.sm.auth();
+            if !state.enabled {
+                return Ok(None);
+            }
+        }
+        let user = store::find_user(&state, &claims.user).ok_or_else(invalid)?;
+        token::verify(&state.signing_key, &claims, &user.password, now_unix())
+            .map_err(|e| auth_status(&e))?;
+        Ok(Some(AuthInfo { user: claims.user, state }))
+    }
+
+    /// Checks `needs` for the caller. Returns the auth revision the check used (to carry in the
+    /// proposed command, see [`Ctx::guard`]), or `None` when auth is disabled.
+    pub async fn authorize(
+        &self,
+        meta: &MetadataMap,
+        needs: &[Need],
+    ) -> Result<Option<u64>, Status> {
+        match self.auth_info(meta).await? {
+            None => Ok(None),
+            Some(info) => {
+                info.check(needs)?;
+                Ok(Some(info.state.revision))
+            }
+        }
+    }
+
+    /// Checks that the caller holds the root role (admin operations).
+    pub async fn authorize_admin(&self, meta: &MetadataMap) -> Result<Option<u64>, Status> {
+        match self.auth_info(meta).await? {
+            None => Ok(None),
+            Some(info) if info.is_root() => Ok(Some(info.state.revision)),
+            Some(_) => Err(auth_status(&AuthError::PermissionDenied)),
+        }
+    }
+
+    /// Checks a read after the read barrier it needs (so the auth store is at least as new as
+    /// the request), for linearizable reads; serializable ones are checked against local state.
+    pub async fn authorize_read(
+        &self,
+        meta: &MetadataMap,
+        linearizable: bool,
+        needs: &[Need],
+    ) -> Result<(), Status> {
+        if !self.auth_enabled() {
+            return Ok(());
+        }
+        if linearizable {
+            self.read_barrier().await?;
+        }
+        self.authorize(meta, needs).await.map(|_| ())
+    }
+
+    /// Wraps `cmd` as checked at `checked` (see the module docs); unchanged when auth is off.
+    pub fn guard(&self, checked: Option<u64>, cmd: Cmd) -> Cmd {
+        match checked {
+            Some(rev) => crate::auth::replicated::checked(rev, cmd),
+            None => cmd,
+        }
+    }
+}
+
+/// What a lock or election on `name` needs: its contenders' keys live under `name/`, so READ
+/// (and WRITE, to contend) on that prefix, as the KV requests etcd's lock service makes need.
+pub fn contender_needs(name: &[u8], write: bool) -> Vec<Need> {
+    let range = crate::auth::KeyRange::prefix(&crate::concurrency::contender_prefix(name));
+    let mut out = vec![Need::Read(range.clone())];
+    if write {
+        out.push(Need::Write(range));
+    }
+    out
+}
+
+/// WRITE on one key (unlock, resign and proclaim change or delete the holder's key).
+pub fn write_key(key: &[u8]) -> Need {
+    Need::Write(crate::auth::KeyRange::new(key, &[]))
+}
+
+pub struct AuthService {
+    ctx: Arc<Ctx>,
+}
+
+impl AuthService {
+    pub fn new(ctx: Arc<Ctx>) -> Self {
+        Self { ctx }
+    }
+
+    fn header(&self) -> Option<ResponseHeader> {
+        Some(self.ctx.header(self.ctx.sm.revision()))
+    }
+
+    /// Proposes an auth mutation after checking the caller is root (when auth is on).
+    async fn mutate(&self, meta: &MetadataMap, op: Op) -> Result<Option<ResponseHeader>, Status> {
+        self.ctx.authorize_admin(meta).await?;
+        match self.ctx.propose(Cmd::Auth(AuthCommand { op: Some(op) })).await? {
+            CmdResult::Auth(_) => Ok(self.header()),
+            _ => Err(unexpected("auth")),
+        }
+    }
+
+    /// The auth store as of a read barrier (at least as new as the request).
+    async fn fresh_state(&self) -> Result<Arc<AuthState>, Status> {
+        self.ctx.read_barrier().await?;
+        Ok(self.ctx.sm.auth())
+    }
+
+    /// Hashes a password off the async runtime (bcrypt is slow on purpose).
+    async fn hash(&self, password: String) -> Result<String, Status> {
+        let cost = self.ctx.auth.bcrypt_cost;
+        tokio::task::spawn_blocking(move || password::hash(&password, cost))
+            .await
+            .map_err(|e| Status::internal(format!("picket: password hashing failed: {e}")))?
+            .map_err(|e| auth_status(&e))
+    }
+
+    /// The hash to replicate: the client's bcrypt `hashedPassword`, or the password hashed here.
+    async fn hash_for(&self, password: String, hashed: String) -> Result<String, Status> {
+        if !hashed.is_empty() {
+            if !password::is_bcrypt_hash(&hashed) {
+                return Err(auth_status(&AuthError::InvalidHash));
+            }
+            return Ok(hashed);
+        }
+        self.hash(password).await
+    }
+}
+
+fn name_of(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[tonic::async_trait]
+impl Auth for AuthService {
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn auth_enable(
+        &self,
+        req: Request<AuthEnableRequest>,
+    ) -> Result<Response<AuthEnableResponse>, Status> {
+        // The signing key is chosen here, on the proposing member, never in apply.
+        #[allow(clippy::disallowed_methods)] // Randomness before proposing, not in apply.
+        let signing_key: [u8; 32] = rand::random();
+        let op = Op::Enable(AuthEnable { signing_key: signing_key.to_vec() });
+        let header = self.mutate(req.metadata(), op).await?;
+        tracing::info!(member_id = self.ctx.member_id, "auth enabled");
+        Ok(Response::new(AuthEnableResponse { header }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn auth_disable(
+        &self,
+        req: Request<AuthDisableRequest>,
+    ) -> Result<Response<AuthDisableResponse>, Status> {
+        let (meta, _, r) = req.into_parts();
+        let header = self.mutate(&meta, Op::Disable(r)).await?;
+        tracing::info!(member_id = self.ctx.member_id, "auth disabled");
+        Ok(Response::new(AuthDisableResponse { header }))
+    }
+
+    async fn auth_status(
+        &self,
+        _req: Request<AuthStatusRequest>,
+    ) -> Result<Response<AuthStatusResponse>, Status> {
+        let state = self.fresh_state().await?;
+        Ok(Response::new(AuthStatusResponse {
+            header: self.header(),
+            enabled: state.enabled,
+            auth_revision: state.revision,
+        }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn authenticate(
+        &self,
+        req: Request<AuthenticateRequest>,
+    ) -> Result<Response<AuthenticateResponse>, Status> {
+        let r = req.into_inner();
+        // Checked against a store at least as new as the request: a password changed just
+        // before is the one that counts.
+        let state = self.fresh_state().await?;
+        if !state.enabled {
+            return Err(auth_status(&AuthError::AuthNotEnabled));
+        }
+        let failed = || auth_status(&AuthError::AuthFailed);
+        let user = store::find_user(&state, &r.name).ok_or_else(failed)?;
+        if user.options.as_ref().is_some_and(|o| o.no_password) {
+            return Err(failed());
+        }
+        let hash = user.password.clone();
+        let password = r.password;
+        let ok = tokio::task::spawn_blocking(move || password::verify(&password, &hash))
+            .await
+            .map_err(|e| Status::internal(format!("picket: password check failed: {e}")))?;
+        if !ok {
+            tracing::debug!(user = %r.name, "authentication failed");
+            return Err(failed());
+        }
+        let expires = now_unix().saturating_add(self.ctx.auth.token_ttl.as_secs().max(1));
+        let token =
+            token::sign(&state.signing_key, &r.name, &user.password, state.revision, expires);
+        Ok(Response::new(AuthenticateResponse { header: self.header(), token }))
+    }
+
+    async fn user_add(
+        &self,
+        req: Request<AuthUserAddRequest>,
+    ) -> Result<Response<AuthUserAddResponse>, Status> {
+        let (meta, _, mut r) = req.into_parts();
+        self.ctx.authorize_admin(&meta).await?;
+        if r.name.is_empty() {
+            return Err(auth_status(&AuthError::UserEmpty));
+        }
+        let no_password = r.options.as_ref().is_some_and(|o| o.no_password);
+        let password = std::mem::take(&mut r.password);
+        r.hashed_password = if no_password {
+            String::new()
+        } else {
+            self.hash_for(password, std::mem::take(&mut r.hashed_password)).await?
+        };
+        let header = self.mutate(&meta, Op::UserAdd(r)).await?;
+        Ok(Response::new(AuthUserAddResponse { header }))
+    }
+
+    async fn user_get(
+        &self,
+        req: Request<AuthUserGetRequest>,
+    ) -> Result<Response<AuthUserGetResponse>, Status> {
+        let (meta, _, r) = req.into_parts();
+        let state = self.fresh_state().await?;
+        if let Some(info) = self.ctx.auth_info(&meta).await? {
+            // Anyone may look at themselves (etcd).
+            if !info.is_root() && info.user != r.name {
+                return Err(auth_status(&AuthError::PermissionDenied));
+            }
+        }
+        let user = store::find_user(&state, &r.name)
+            .ok_or_else(|| auth_status(&AuthError::UserNotFound))?;
+        Ok(Response::new(AuthUserGetResponse { header: self.header(), roles: user.roles.clone() }))
+    }
+
+    async fn user_list(
+        &self,
+        req: Request<AuthUserListRequest>,
+    ) -> Result<Response<AuthUserListResponse>, Status> {
+        self.ctx.authorize_admin(req.metadata()).await?;
+        let state = self.fresh_state().await?;
+        let users = state.users.iter().map(|u| name_of(&u.name)).collect();
+        Ok(Response::new(AuthUserListResponse { header: self.header(), users }))
+    }
+
+    async fn user_delete(
+        &self,
+        req: Request<AuthUserDeleteRequest>,
+    ) -> Result<Response<AuthUserDeleteResponse>, Status> {
+        let (meta, _, r) = req.into_parts();
+        let header = self.mutate(&meta, Op::UserDelete(r)).await?;
+        Ok(Response::new(AuthUserDeleteResponse { header }))
+    }
+
+    async fn user_change_password(
+        &self,
+        req: Request<AuthUserChangePasswordRequest>,
+    ) -> Result<Response<AuthUserChangePasswordResponse>, Status> {
+        let (meta, _, mut r) = req.into_parts();
+        self.ctx.authorize_admin(&meta).await?;
+        let password = std::mem::take(&mut r.password);
+        r.hashed_password = self.hash_for(password, std::mem::take(&mut r.hashed_password)).await?;
+        let header = self.mutate(&meta, Op::UserChangePassword(r)).await?;
+        Ok(Response::new(AuthUserChangePasswordResponse { header }))
+    }
+
+    async fn user_grant_role(
+        &self,
+        req: Request<AuthUserGrantRoleRequest>,
+    ) -> Result<Response<AuthUserGrantRoleResponse>, Status> {
+        let (meta, _, r) = req.into_parts();
+        let header = self.mutate(&meta, Op::UserGrantRole(r)).await?;
+        Ok(Response::new(AuthUserGrantRoleResponse { header }))
+    }
+
+    async fn user_revoke_role(
+        &self,
+        req: Request<AuthUserRevokeRoleRequest>,
+    ) -> Result<Response<AuthUserRevokeRoleResponse>, Status> {
+        let (meta, _, r) = req.into_parts();
+        let header = self.mutate(&meta, Op::UserRevokeRole(r)).await?;
+        Ok(Response::new(AuthUserRevokeRoleResponse { header }))
+    }
+
+    async fn role_add(
+        &self,
+        req: Request<AuthRoleAddRequest>,
+    ) -> Result<Response<AuthRoleAddResponse>, Status> {
+        let (meta, _, r) = req.into_parts();
+        let header = self.mutate(&meta, Op::RoleAdd(r)).await?;
+        Ok(Response::new(AuthRoleAddResponse { header }))
+    }
+
+    async fn role_get(
+        &self,
+        req: Request<AuthRoleGetRequest>,
+    ) -> Result<Response<AuthRoleGetResponse>, Status> {
+        let (meta, _, r) = req.into_parts();
+        let state = self.fresh_state().await?;
+        if let Some(info) = self.ctx.auth_info(&meta).await? {
+            // Anyone may look at a role they hold (etcd).
+            let holds =
+                store::find_user(&state, &info.user).is_some_and(|u| u.roles.contains(&r.role));
+            if !info.is_root() && !holds {
+                return Err(auth_status(&AuthError::PermissionDenied));
+            }
+        }
+        let perm = match store::find_role(&state, &r.role) {
+            Some(role) => role.key_permission.clone(),
+            // `root` exists implicitly and holds every permission.
+            None if r.role == crate::auth::ROOT => Vec::new(),
+            None => return Err(auth_status(&AuthError::RoleNotFound)),
+        };
+        Ok(Response::new(AuthRoleGetResponse { header: self.header(), perm }))
+    }
+
+    async fn role_list(
+        &self,
+        req: Request<AuthRoleListRequest>,
+    ) -> Result<Response<AuthRoleListResponse>, Status> {
+        self.ctx.authorize_admin(req.metadata()).await?;
+        let state = self.fresh_state().await?;
+        let roles = state.roles.iter().map(|r| name_of(&r.name)).collect();
+        Ok(Response::new(AuthRoleListResponse { header: self.header(), roles }))
+    }
+
+    async fn role_delete(
+        &self,
+        req: Request<AuthRoleDeleteRequest>,
+    ) -> Result<Response<AuthRoleDeleteResponse>, Status> {
+        let (meta, _, r) = req.into_parts();
+        let header = self.mutate(&meta, Op::RoleDelete(r)).await?;
+        Ok(Response::new(AuthRoleDeleteResponse { header }))
+    }
+
+    async fn role_grant_permission(
+        &self,
+        req: Request<AuthRoleGrantPermissionRequest>,
+    ) -> Result<Response<AuthRoleGrantPermissionResponse>, Status> {
+        let (meta, _, r) = req.into_parts();
+        let Some(p) = r.perm.as_ref() else {
+            return Err(Status::invalid_argument(
+                "picket: role grant-permission needs a permission",
+            ));
+        };
+        if PermType::try_from(p.perm_type).is_err() {
+            return Err(Status::invalid_argument(
+                "picket: permission type must be READ (0), WRITE (1) or READWRITE (2)",
+            ));
+        }
+        if !perm::valid_perm_range(&p.key, &p.range_end) {
+            return Err(auth_status(&AuthError::InvalidPermRange));
+        }
+        let header = self.mutate(&meta, Op::RoleGrantPermission(r)).await?;
+        Ok(Response::new(AuthRoleGrantPermissionResponse { header }))
+    }
+
+    async fn role_revoke_permission(
+        &self,
+        req: Request<AuthRoleRevokePermissionRequest>,
+    ) -> Result<Response<AuthRoleRevokePermissionResponse>, Status> {
+        let (meta, _, r) = req.into_parts();
+        let header = self.mutate(&meta, Op::RoleRevokePermission(r)).await?;
+        Ok(Response::new(AuthRoleRevokePermissionResponse { header }))
+    }
+}

@@ -1,0 +1,343 @@
+//! `picket.v1.Queue`: validation and status mapping around [`crate::queue`], which runs on this
+//! member's own KV path through [`CtxBackend`] (never by dialing our own endpoint). The member
+//! serving a request reads its wall clock here, outside apply (see the clock argument in
+//! [`crate::queue`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use picket_proto::picket::v1::queue_server::Queue;
+use picket_proto::picket::v1::{
+    AckJobRequest, AckJobResponse, ClaimRequest, ClaimResponse, DeadLettersRequest,
+    DeadLettersResponse, EnqueueRequest, EnqueueResponse, ExtendClaimRequest, ExtendClaimResponse,
+    NackJobRequest, NackJobResponse, QueueDeadLetter, QueueInspectRequest, QueueInspectResponse,
+    QueueJobRecord, RequeueJobRequest, RequeueJobResponse,
+};
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Request, Response, Status};
+
+use super::concurrency::CtxBackend;
+use super::Ctx;
+use crate::auth::{KeyRange, Need};
+use crate::queue::{self, ops, QueueError};
+
+/// Dead letters listed when the request names no limit.
+const DEFAULT_DEAD_LIST: u32 = 100;
+
+/// The serving member's wall clock in unix milliseconds. Used only to stamp ready times and
+/// deadlines into proposals and to compare them when choosing a job, never in apply; skew between
+/// members shifts delays but cannot create a second live claim (see [`crate::queue`]).
+#[allow(clippy::disallowed_methods)]
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// A fresh job id: 64 random bits in 16 hex digits, chosen before proposing (not in apply).
+#[allow(clippy::disallowed_methods)]
+fn new_job_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+/// Maps a queue error to its status.
+pub fn queue_status(e: &QueueError) -> Status {
+    match e {
+        QueueError::Store(s) => s.clone(),
+        QueueError::InvalidArgument(m) => Status::invalid_argument(m.clone()),
+        QueueError::StaleClaim { .. } => Status::failed_precondition(e.to_string()),
+        QueueError::NotDead { .. } => Status::not_found(e.to_string()),
+        QueueError::Corrupt { .. } => Status::internal(e.to_string()),
+        QueueError::Contended(_) => Status::new(Code::Aborted, e.to_string()),
+    }
+}
+
+fn check(r: Result<(), QueueError>) -> Result<(), Status> {
+    r.map_err(|e| queue_status(&e))
+}
+
+fn require_lease(lease: i64) -> Result<(), Status> {
+    if lease <= 0 {
+        return Err(Status::invalid_argument(
+            "picket: a claim needs the worker's lease (a positive lease id): grant one and keep it alive, so a crashed worker's job is claimable again",
+        ));
+    }
+    Ok(())
+}
+
+pub struct QueueService {
+    backend: CtxBackend,
+}
+
+impl QueueService {
+    pub fn new(ctx: Arc<Ctx>) -> Self {
+        Self { backend: CtxBackend(ctx) }
+    }
+
+    /// With auth enabled, a queue's operations need READ (inspecting) or READ and WRITE
+    /// (everything else) on the queue's key prefix, the keys they read and write. Checked once
+    /// here, before the operation's transactions, like the lock service's checks.
+    async fn authorize(&self, meta: &MetadataMap, queue: &str, write: bool) -> Result<(), Status> {
+        if !self.ctx().auth_enabled() {
+            return Ok(());
+        }
+        let range = KeyRange::prefix(&queue::keys::queue_prefix(queue));
+        let mut needs = vec![Need::Read(range.clone())];
+        if write {
+            needs.push(Need::Write(range));
+        }
+        self.ctx().authorize(meta, &needs).await.map(|_| ())
+    }
+
+    fn ctx(&self) -> &Ctx {
+        &self.backend.0
+    }
+
+    fn header(&self, revision: i64) -> Option<picket_proto::etcdserverpb::ResponseHeader> {
+        let mut h = (revision > 0).then(|| self.ctx().header(revision));
+        self.ctx().stamp(&mut h);
+        h
+    }
+}
+
+#[tonic::async_trait]
+impl Queue for QueueService {
+    #[tracing::instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    async fn enqueue(
+        &self,
+        req: Request<EnqueueRequest>,
+    ) -> Result<Response<EnqueueResponse>, Status> {
+        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let req = req.into_inner();
+        self.ctx().check_size(&req)?;
+        check(queue::validate_queue(&req.queue))?;
+        check(queue::validate_ms("delay_ms", req.delay_ms))?;
+        check(queue::validate_ms("backoff_ms", req.backoff_ms))?;
+        if req.dedup_id.len() > queue::MAX_DEDUP_ID {
+            return Err(Status::invalid_argument(format!(
+                "picket: dedup_id is {} bytes, the limit is {}",
+                req.dedup_id.len(),
+                queue::MAX_DEDUP_ID
+            )));
+        }
+        if req.max_attempts > queue::MAX_MAX_ATTEMPTS {
+            return Err(Status::invalid_argument(format!(
+                "picket: max_attempts is {}, the limit is {}",
+                req.max_attempts,
+                queue::MAX_MAX_ATTEMPTS
+            )));
+        }
+        let now = now_ms();
+        let record = QueueJobRecord {
+            payload: req.payload,
+            priority: req.priority,
+            max_attempts: if req.max_attempts == 0 {
+                queue::DEFAULT_MAX_ATTEMPTS
+            } else {
+                req.max_attempts
+            },
+            backoff_ms: if req.backoff_ms == 0 {
+                queue::DEFAULT_BACKOFF_MS
+            } else {
+                req.backoff_ms
+            },
+            dedup_id: req.dedup_id,
+            enqueued_at_ms: now,
+        };
+        let job = ops::NewJob { record, delay_ms: req.delay_ms };
+        let out = ops::enqueue(&self.backend, &req.queue, job, now, new_job_id)
+            .await
+            .map_err(|e| queue_status(&e))?;
+        tracing::debug!(queue = %req.queue, job = %out.id, revision = out.revision, duplicate = out.duplicate, "enqueued");
+        Ok(Response::new(EnqueueResponse {
+            header: self.header(0),
+            job_id: out.id,
+            revision: out.revision,
+            duplicate: out.duplicate,
+        }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, lease_id = req.get_ref().lease))]
+    async fn claim(&self, req: Request<ClaimRequest>) -> Result<Response<ClaimResponse>, Status> {
+        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let req = req.into_inner();
+        check(queue::validate_queue(&req.queue))?;
+        require_lease(req.lease)?;
+        check(queue::validate_ms("visibility_timeout_ms", req.visibility_timeout_ms))?;
+        if req.request_id.len() > queue::MAX_DEDUP_ID {
+            return Err(Status::invalid_argument(format!(
+                "picket: request_id is {} bytes, the limit is {}",
+                req.request_id.len(),
+                queue::MAX_DEDUP_ID
+            )));
+        }
+        if let Some(w) = req.wait_timeout_ms {
+            check(queue::validate_ms("wait_timeout_ms", w))?;
+        }
+        // Without a wait limit the call waits until a job is ready; tonic drops this future when
+        // the client's gRPC deadline passes or it disconnects, and an unfinished claim leaves
+        // nothing behind (the claim Txn is the last step and either committed or did not run).
+        let wait = req.wait_timeout_ms.map(Duration::from_millis);
+        let job = ops::claim(
+            &self.backend,
+            &req.queue,
+            req.lease,
+            req.visibility_timeout_ms,
+            &req.request_id,
+            wait,
+            now_ms,
+        )
+        .await
+        .map_err(|e| queue_status(&e))?;
+        if let Some(j) = &job {
+            tracing::debug!(queue = %req.queue, job = %j.job_id, revision = j.token, attempt = j.attempt, "claimed");
+        }
+        let rev = job.as_ref().map(|j| j.token).unwrap_or_default();
+        Ok(Response::new(ClaimResponse { header: self.header(rev), job }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, revision = req.get_ref().token))]
+    async fn ack(&self, req: Request<AckJobRequest>) -> Result<Response<AckJobResponse>, Status> {
+        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let req = req.into_inner();
+        check(queue::validate_queue(&req.queue))?;
+        check(queue::validate_job_id(&req.job_id))?;
+        let rev = ops::ack(&self.backend, &req.queue, &req.job_id, req.token)
+            .await
+            .map_err(|e| queue_status(&e))?;
+        Ok(Response::new(AckJobResponse { header: self.header(rev) }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, revision = req.get_ref().token))]
+    async fn nack(
+        &self,
+        req: Request<NackJobRequest>,
+    ) -> Result<Response<NackJobResponse>, Status> {
+        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let req = req.into_inner();
+        check(queue::validate_queue(&req.queue))?;
+        check(queue::validate_job_id(&req.job_id))?;
+        if let Some(d) = req.delay_ms {
+            check(queue::validate_ms("delay_ms", d))?;
+        }
+        let mut error = req.error;
+        if error.len() > queue::MAX_ERROR_TEXT {
+            // Keep the head of a long error text rather than refusing the nack: the job must go
+            // back either way. Cut at a char boundary.
+            let mut cut = queue::MAX_ERROR_TEXT;
+            while !error.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            error.truncate(cut);
+        }
+        let out = ops::nack(
+            &self.backend,
+            &req.queue,
+            &req.job_id,
+            req.token,
+            req.delay_ms,
+            &error,
+            now_ms(),
+        )
+        .await
+        .map_err(|e| queue_status(&e))?;
+        Ok(Response::new(NackJobResponse {
+            header: self.header(out.revision),
+            dead_lettered: out.dead_lettered,
+            ready_at_ms: out.ready_at_ms,
+        }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, revision = req.get_ref().token))]
+    async fn extend(
+        &self,
+        req: Request<ExtendClaimRequest>,
+    ) -> Result<Response<ExtendClaimResponse>, Status> {
+        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let req = req.into_inner();
+        check(queue::validate_queue(&req.queue))?;
+        check(queue::validate_job_id(&req.job_id))?;
+        check(queue::validate_ms("visibility_timeout_ms", req.visibility_timeout_ms))?;
+        let (deadline_ms, rev) = ops::extend(
+            &self.backend,
+            &req.queue,
+            &req.job_id,
+            req.token,
+            req.visibility_timeout_ms,
+            now_ms(),
+        )
+        .await
+        .map_err(|e| queue_status(&e))?;
+        Ok(Response::new(ExtendClaimResponse { header: self.header(rev), deadline_ms }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    async fn inspect(
+        &self,
+        req: Request<QueueInspectRequest>,
+    ) -> Result<Response<QueueInspectResponse>, Status> {
+        self.authorize(req.metadata(), &req.get_ref().queue, false).await?;
+        let req = req.into_inner();
+        check(queue::validate_queue(&req.queue))?;
+        if req.limit > queue::MAX_LIST {
+            return Err(Status::invalid_argument(format!(
+                "picket: limit is {}, the limit is {}",
+                req.limit,
+                queue::MAX_LIST
+            )));
+        }
+        let out = ops::inspect(&self.backend, &req.queue, req.limit as usize, now_ms())
+            .await
+            .map_err(|e| queue_status(&e))?;
+        Ok(Response::new(QueueInspectResponse {
+            header: self.header(out.revision),
+            ready: out.ready,
+            delayed: out.delayed,
+            in_flight: out.in_flight,
+            dead: out.dead,
+            jobs: out.jobs,
+        }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    async fn dead_letters(
+        &self,
+        req: Request<DeadLettersRequest>,
+    ) -> Result<Response<DeadLettersResponse>, Status> {
+        self.authorize(req.metadata(), &req.get_ref().queue, false).await?;
+        let req = req.into_inner();
+        check(queue::validate_queue(&req.queue))?;
+        if req.limit > queue::MAX_LIST {
+            return Err(Status::invalid_argument(format!(
+                "picket: limit is {}, the limit is {}",
+                req.limit,
+                queue::MAX_LIST
+            )));
+        }
+        let limit = if req.limit == 0 { DEFAULT_DEAD_LIST } else { req.limit };
+        let (dead, count, rev) = ops::dead_letters(&self.backend, &req.queue, limit as usize)
+            .await
+            .map_err(|e| queue_status(&e))?;
+        let jobs = dead
+            .into_iter()
+            .map(|d| QueueDeadLetter { job: Some(d.info), payload: d.payload, reason: d.reason })
+            .collect();
+        Ok(Response::new(DeadLettersResponse { header: self.header(rev), jobs, count }))
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue))]
+    async fn requeue(
+        &self,
+        req: Request<RequeueJobRequest>,
+    ) -> Result<Response<RequeueJobResponse>, Status> {
+        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let req = req.into_inner();
+        check(queue::validate_queue(&req.queue))?;
+        check(queue::validate_job_id(&req.job_id))?;
+        let rev = ops::requeue(&self.backend, &req.queue, &req.job_id, now_ms())
+            .await
+            .map_err(|e| queue_status(&e))?;
+        Ok(Response::new(RequeueJobResponse { header: self.header(rev) }))
+    }
+}

@@ -1,0 +1,160 @@
+//! The auth store as replicated state: applying auth commands inside an apply batch, and the
+//! in-memory copy that the API layer reads.
+//!
+//! The store is two records in the meta column family, so it is in every snapshot, survives
+//! restarts and offline restores, and is not part of HashKV (which covers only the keyspace, as
+//! etcd's does): `auth/state` (the whole [`AuthState`], rewritten by each mutation) and
+//! `auth/revision` (`enabled` as one byte, then the auth revision big-endian), which
+//! [`check_revision`] and [`AuthCache::refresh`] read without decoding users and roles.
+
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
+use picket_proto::picket::raft::v1::{
+    AuthChecked, AuthCommand, AuthResult, CommandError, RaftCommand,
+};
+use picket_proto::picket::storage::v1::AuthState;
+use prost::Message;
+
+use super::{store, AuthError};
+use crate::mvcc::{ApplyBatch, MvccError};
+use crate::storage::engine::{Cf, Engine, ReadView};
+
+pub const KEY_STATE: &[u8] = b"auth/state";
+pub const KEY_REVISION: &[u8] = b"auth/revision";
+
+fn error_result(e: &AuthError) -> CmdResult {
+    let status = crate::api::auth::auth_status(e);
+    CmdResult::Error(CommandError {
+        code: status.code() as u32,
+        message: status.message().to_string(),
+    })
+}
+
+fn decode_state(bytes: Option<Vec<u8>>) -> Result<AuthState, MvccError> {
+    match bytes {
+        Some(b) => AuthState::decode(b.as_slice())
+            .map_err(|e| MvccError::Corrupt(format!("auth state record: {e}"))),
+        None => Ok(AuthState::default()),
+    }
+}
+
+/// `(enabled, auth revision)` as stored under [`KEY_REVISION`].
+fn decode_revision(bytes: Option<Vec<u8>>) -> Result<(bool, u64), MvccError> {
+    match bytes.as_deref() {
+        None => Ok((false, 0)),
+        Some([enabled, rev @ ..]) if rev.len() == 8 => {
+            let mut be = [0u8; 8];
+            be.copy_from_slice(rev);
+            Ok((*enabled != 0, u64::from_be_bytes(be)))
+        }
+        Some(_) => Err(MvccError::Corrupt("auth revision record has the wrong length".into())),
+    }
+}
+
+fn encode_revision(enabled: bool, revision: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9);
+    out.push(u8::from(enabled));
+    out.extend_from_slice(&revision.to_be_bytes());
+    out
+}
+
+/// Applies one auth mutation in `batch`. A refused mutation is a command result (the same on
+/// every member); only storage failures are errors.
+pub fn apply<E: Engine>(
+    batch: &mut ApplyBatch<'_, E>,
+    cmd: AuthCommand,
+) -> Result<CmdResult, MvccError> {
+    let Some(op) = cmd.op else {
+        return Ok(CmdResult::Error(CommandError {
+            code: tonic::Code::InvalidArgument as u32,
+            message: "picket: empty auth command".into(),
+        }));
+    };
+    let mut state = decode_state(batch.get_raw(Cf::Meta, KEY_STATE)?)?;
+    match store::mutate(&mut state, op) {
+        Ok(()) => {
+            batch.put_raw(Cf::Meta, KEY_STATE, &state.encode_to_vec());
+            batch.put_raw(Cf::Meta, KEY_REVISION, &encode_revision(state.enabled, state.revision));
+            Ok(CmdResult::Auth(AuthResult { auth_revision: state.revision }))
+        }
+        Err(e) => Ok(error_result(&e)),
+    }
+}
+
+/// Opens an [`AuthChecked`] command: the inner command if the auth store is still at the
+/// revision its permissions were checked against (or auth is now off), else the error result
+/// "revision of auth store is old" (the client retries, and is checked again).
+pub fn check_revision<E: Engine>(
+    batch: &ApplyBatch<'_, E>,
+    checked: &AuthChecked,
+) -> Result<Result<Cmd, CmdResult>, MvccError> {
+    let (enabled, revision) = decode_revision(batch.get_raw(Cf::Meta, KEY_REVISION)?)?;
+    if enabled && revision != checked.auth_revision {
+        return Ok(Err(error_result(&AuthError::AuthOldRevision)));
+    }
+    let bad = |what: &str| {
+        Err(CmdResult::Error(CommandError {
+            code: tonic::Code::InvalidArgument as u32,
+            message: format!("picket: malformed auth-checked command: {what}"),
+        }))
+    };
+    Ok(match RaftCommand::decode(checked.command.as_slice()) {
+        // Nesting is never built by the API layer; refusing it bounds apply's recursion.
+        Ok(RaftCommand { cmd: Some(Cmd::AuthChecked(_)) }) => bad("nested"),
+        Ok(RaftCommand { cmd: Some(c) }) => Ok(c),
+        Ok(RaftCommand { cmd: None }) => bad("empty"),
+        Err(_) => bad("undecodable"),
+    })
+}
+
+/// Wraps `cmd` as checked at `auth_revision`.
+pub fn checked(auth_revision: u64, cmd: Cmd) -> Cmd {
+    Cmd::AuthChecked(AuthChecked {
+        auth_revision,
+        command: RaftCommand { cmd: Some(cmd) }.encode_to_vec(),
+    })
+}
+
+/// The applied auth store, as the API layer reads it. Refreshed by the state machine after
+/// every applied batch and snapshot install, before clients see the results, so a client that
+/// saw its auth change succeed is checked against it on its next request to the same member.
+pub struct AuthCache {
+    state: RwLock<Arc<AuthState>>,
+}
+
+impl AuthCache {
+    /// Loads the store from the engine.
+    pub fn load(view: &dyn ReadView) -> Result<Self, MvccError> {
+        let state = decode_state(view.get(Cf::Meta, KEY_STATE)?)?;
+        Ok(Self { state: RwLock::new(Arc::new(state)) })
+    }
+
+    /// The current applied state (cheap: an `Arc` clone).
+    pub fn get(&self) -> Arc<AuthState> {
+        self.state.read().clone()
+    }
+
+    /// Reloads the state unconditionally (after a snapshot install replaced the store).
+    pub fn reload(&self, view: &dyn ReadView) -> Result<(), MvccError> {
+        let state = decode_state(view.get(Cf::Meta, KEY_STATE)?)?;
+        *self.state.write() = Arc::new(state);
+        Ok(())
+    }
+
+    /// Reloads the state if its revision record changed (one point read otherwise).
+    pub fn refresh(&self, view: &dyn ReadView) -> Result<(), MvccError> {
+        let (enabled, revision) = decode_revision(view.get(Cf::Meta, KEY_REVISION)?)?;
+        {
+            let cur = self.state.read();
+            if cur.enabled == enabled && cur.revision == revision {
+                return Ok(());
+            }
+        }
+        let state = decode_state(view.get(Cf::Meta, KEY_STATE)?)?;
+        *self.state.write() = Arc::new(state);
+        Ok(())
+    }
+}

@@ -1,0 +1,226 @@
+//! Unit tests of the auth store, permission coverage and tokens.
+
+use picket_proto::authpb::permission::Type as PermType;
+use picket_proto::authpb::{Permission, User};
+use picket_proto::etcdserverpb::*;
+use picket_proto::picket::raft::v1::auth_command::Op;
+use picket_proto::picket::raft::v1::AuthEnable;
+use picket_proto::picket::storage::v1::AuthState;
+
+use super::perm::{check, txn_needs};
+use super::store::{find_user, mutate};
+use super::*;
+
+fn user_add(name: &str) -> Op {
+    Op::UserAdd(AuthUserAddRequest {
+        name: name.into(),
+        hashed_password: format!("hash-of-{name}"),
+        ..Default::default()
+    })
+}
+
+fn grant(role: &str, key: &[u8], end: &[u8], t: PermType) -> Op {
+    Op::RoleGrantPermission(AuthRoleGrantPermissionRequest {
+        name: role.into(),
+        perm: Some(Permission { perm_type: t as i32, key: key.to_vec(), range_end: end.to_vec() }),
+    })
+}
+
+/// root with the root role, and alice with READWRITE on `/app/`.
+fn sample() -> AuthState {
+    let mut s = AuthState::default();
+    for op in [
+        user_add("root"),
+        Op::UserGrantRole(AuthUserGrantRoleRequest { user: "root".into(), role: ROOT.into() }),
+        user_add("alice"),
+        Op::RoleAdd(AuthRoleAddRequest { name: "app".into() }),
+        grant("app", b"/app/", b"/app0", PermType::Readwrite),
+        Op::UserGrantRole(AuthUserGrantRoleRequest { user: "alice".into(), role: "app".into() }),
+    ] {
+        mutate(&mut s, op).unwrap();
+    }
+    s
+}
+
+fn can(s: &AuthState, user: &str, needs: &[Need]) -> bool {
+    check(find_user(s, user).unwrap(), &s.roles, needs).is_ok()
+}
+
+fn read(k: &[u8], e: &[u8]) -> Need {
+    Need::Read(KeyRange::new(k, e))
+}
+
+fn write(k: &[u8], e: &[u8]) -> Need {
+    Need::Write(KeyRange::new(k, e))
+}
+
+#[test]
+fn enable_needs_root_user_with_root_role() {
+    let enable = || Op::Enable(AuthEnable { signing_key: vec![7; 32] });
+    let mut s = AuthState::default();
+    assert_eq!(mutate(&mut s, enable()), Err(AuthError::RootUserNotExist));
+    mutate(&mut s, user_add("root")).unwrap();
+    assert_eq!(mutate(&mut s, enable()), Err(AuthError::RootRoleNotExist));
+    let rev = s.revision;
+    assert!(!s.enabled, "a refused enable changes nothing");
+    mutate(
+        &mut s,
+        Op::UserGrantRole(AuthUserGrantRoleRequest { user: "root".into(), role: ROOT.into() }),
+    )
+    .unwrap();
+    mutate(&mut s, enable()).unwrap();
+    assert!(s.enabled);
+    assert_eq!(s.revision, rev + 2);
+    // Enabling again keeps the signing key (tokens stay valid).
+    mutate(&mut s, Op::Enable(AuthEnable { signing_key: vec![9; 32] })).unwrap();
+    assert_eq!(s.signing_key, vec![7; 32]);
+    // root is protected while auth is on.
+    let del = Op::UserDelete(AuthUserDeleteRequest { name: "root".into() });
+    assert_eq!(mutate(&mut s, del), Err(AuthError::InvalidAuthMgmt));
+    let revoke =
+        Op::UserRevokeRole(AuthUserRevokeRoleRequest { name: "root".into(), role: ROOT.into() });
+    assert_eq!(mutate(&mut s, revoke), Err(AuthError::InvalidAuthMgmt));
+}
+
+#[test]
+fn user_and_role_errors_are_etcds() {
+    let mut s = sample();
+    assert_eq!(mutate(&mut s, user_add("alice")), Err(AuthError::UserAlreadyExist));
+    assert_eq!(mutate(&mut s, user_add("")), Err(AuthError::UserEmpty));
+    let g = Op::UserGrantRole(AuthUserGrantRoleRequest { user: "bob".into(), role: "app".into() });
+    assert_eq!(mutate(&mut s, g), Err(AuthError::UserNotFound));
+    let g = Op::UserGrantRole(AuthUserGrantRoleRequest { user: "alice".into(), role: "x".into() });
+    assert_eq!(mutate(&mut s, g), Err(AuthError::RoleNotFound));
+    let r =
+        Op::UserRevokeRole(AuthUserRevokeRoleRequest { name: "alice".into(), role: "x".into() });
+    assert_eq!(mutate(&mut s, r), Err(AuthError::RoleNotGranted));
+    let r = Op::RoleAdd(AuthRoleAddRequest { name: "app".into() });
+    assert_eq!(mutate(&mut s, r), Err(AuthError::RoleAlreadyExist));
+    let r = Op::RoleRevokePermission(AuthRoleRevokePermissionRequest {
+        role: "app".into(),
+        key: b"/other/".to_vec(),
+        range_end: Vec::new(),
+    });
+    assert_eq!(mutate(&mut s, r), Err(AuthError::PermissionNotGranted));
+    assert_eq!(
+        mutate(&mut s, grant("app", b"b", b"a", PermType::Read)),
+        Err(AuthError::InvalidPermRange)
+    );
+    assert_eq!(AuthError::UserNotFound.to_string(), "etcdserver: user name not found");
+    assert_eq!(AuthError::PermissionDenied.to_string(), "etcdserver: permission denied");
+}
+
+#[test]
+fn prefix_permission_covers_inside_only() {
+    let s = sample();
+    assert!(can(&s, "alice", &[read(b"/app/x", b""), write(b"/app/x", b"")]));
+    assert!(can(&s, "alice", &[read(b"/app/", b"/app0")]));
+    assert!(!can(&s, "alice", &[read(b"/other", b"")]));
+    assert!(!can(&s, "alice", &[write(b"/other", b"")]));
+    // A range that sticks out of the prefix is refused.
+    assert!(!can(&s, "alice", &[read(b"/app/", b"/b")]));
+    assert!(!can(&s, "alice", &[read(b"/app/", b"\0")]));
+    // root may do everything.
+    assert!(can(&s, "root", &[read(b"", b"\0"), write(b"", b"\0")]));
+}
+
+#[test]
+fn adjacent_permissions_cover_together() {
+    let mut s = sample();
+    mutate(&mut s, grant("app", b"a", b"c", PermType::Read)).unwrap();
+    mutate(&mut s, grant("app", b"c", b"e", PermType::Readwrite)).unwrap();
+    assert!(can(&s, "alice", &[read(b"a", b"e")]));
+    assert!(!can(&s, "alice", &[read(b"a", b"f")]));
+    assert!(!can(&s, "alice", &[write(b"a", b"e")]), "READ does not grant WRITE");
+    assert!(can(&s, "alice", &[write(b"c", b"e")]));
+    mutate(&mut s, grant("app", b"z", b"\0", PermType::Write)).unwrap();
+    assert!(can(&s, "alice", &[write(b"zz", b"\0")]));
+    assert!(!can(&s, "alice", &[read(b"zz", b"")]));
+}
+
+#[test]
+fn txn_needs_cover_compares_and_both_branches() {
+    let s = sample();
+    let put = |k: &[u8]| RequestOp {
+        request: Some(request_op::Request::RequestPut(PutRequest {
+            key: k.to_vec(),
+            ..Default::default()
+        })),
+    };
+    let inside = TxnRequest {
+        compare: vec![Compare { key: b"/app/a".to_vec(), ..Default::default() }],
+        success: vec![put(b"/app/b")],
+        failure: vec![put(b"/app/c")],
+    };
+    assert!(can(&s, "alice", &txn_needs(&inside)));
+    let mut out = inside.clone();
+    out.failure = vec![put(b"/etc/passwd")];
+    assert!(!can(&s, "alice", &txn_needs(&out)), "an op outside in the other branch");
+    let mut cmp = inside;
+    cmp.compare.push(Compare { key: b"/secret".to_vec(), ..Default::default() });
+    assert!(!can(&s, "alice", &txn_needs(&cmp)), "a compare outside");
+}
+
+#[test]
+fn revoking_takes_effect_and_role_delete_revokes_from_users() {
+    let mut s = sample();
+    mutate(
+        &mut s,
+        Op::RoleRevokePermission(AuthRoleRevokePermissionRequest {
+            role: "app".into(),
+            key: b"/app/".to_vec(),
+            range_end: b"/app0".to_vec(),
+        }),
+    )
+    .unwrap();
+    assert!(!can(&s, "alice", &[read(b"/app/x", b"")]));
+    mutate(&mut s, Op::RoleDelete(AuthRoleDeleteRequest { role: "app".into() })).unwrap();
+    assert!(find_user(&s, "alice").unwrap().roles.is_empty());
+}
+
+#[test]
+fn tokens_verify_and_refuse_forgery_expiry_and_password_change() {
+    let key = [1u8; 32];
+    let t = token::sign(&key, "alice", b"h1", 5, 1000);
+    let c = token::parse(&t).unwrap();
+    assert_eq!((c.user.as_str(), c.auth_revision, c.expires), ("alice", 5, 1000));
+    assert!(token::verify(&key, &c, b"h1", 999).is_ok());
+    assert_eq!(token::verify(&key, &c, b"h1", 1000), Err(AuthError::InvalidAuthToken));
+    assert_eq!(token::verify(&key, &c, b"h2", 999), Err(AuthError::InvalidAuthToken));
+    assert_eq!(token::verify(&[2u8; 32], &c, b"h1", 999), Err(AuthError::InvalidAuthToken));
+    // Claiming to be someone else, or a later expiry, breaks the signature.
+    let forged = t.replacen(".1000.", ".99999.", 1);
+    let fc = token::parse(&forged).unwrap();
+    assert_eq!(token::verify(&key, &fc, b"h1", 999), Err(AuthError::InvalidAuthToken));
+    for junk in ["", "v1", "v2.YQ.1.2.AA", "v1.@@.1.2.AA", "v1.YQ.x.2.AA", "v1.YQ.1.2.AA.extra"] {
+        assert_eq!(token::parse(junk), Err(AuthError::InvalidAuthToken), "{junk}");
+    }
+}
+
+#[test]
+fn passwords_hash_with_salt_and_verify() {
+    let h1 = password::hash("pw", password::MIN_COST).unwrap();
+    let h2 = password::hash("pw", password::MIN_COST).unwrap();
+    assert_ne!(h1, h2, "random salt");
+    assert!(password::is_bcrypt_hash(&h1));
+    assert!(!password::is_bcrypt_hash("plain"));
+    assert!(password::verify("pw", h1.as_bytes()));
+    assert!(!password::verify("wrong", h1.as_bytes()));
+    assert!(!password::verify("pw", b""));
+    assert_eq!(password::hash(&"x".repeat(73), 4), Err(AuthError::PasswordTooLong));
+}
+
+#[test]
+fn users_stay_sorted_so_members_write_the_same_bytes() {
+    let mut a = AuthState::default();
+    let mut b = AuthState::default();
+    for n in ["c", "a", "b"] {
+        mutate(&mut a, user_add(n)).unwrap();
+    }
+    for n in ["b", "c", "a"] {
+        mutate(&mut b, user_add(n)).unwrap();
+    }
+    let names = |s: &AuthState| s.users.iter().map(|u: &User| u.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&a), names(&b));
+    assert_eq!(names(&a), vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+}

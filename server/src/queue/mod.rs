@@ -1,0 +1,246 @@
+//! Durable work queues (`picket.v1.Queue`), built in process on KV + lease + watch, like the lock
+//! service ([`crate::concurrency`]).
+//!
+//! # Why ordinary keys and Txns
+//!
+//! Every queue is a set of ordinary keys under `picket/queue/<name>/` and every operation is one
+//! etcd Txn (built by [`txns`], run by [`ops`] through [`Backend`]). Queue state is therefore
+//! replicated, snapshotted, compacted and covered by `HashKV` with no new Raft command, and apply
+//! stays untouched and deterministic. The cost is that a claim reads before it writes (choose a
+//! job, then a Txn that compares the job is still unclaimed and unchanged), so contending claims
+//! retry; that suits the coordination-sized workloads this serves.
+//!
+//! # Layout (all under `picket/queue/<name>/`, see [`keys`])
+//!
+//! | key | value | lifetime |
+//! |---|---|---|
+//! | `job/<id>` | `QueueJobRecord`: payload and options (immutable) | enqueue to ack or dead letter |
+//! | `pending/<inv prio>/<ready at>/<id>` | `QueuePendingRecord`: attempts, last error | the claim-order index; claimed jobs stay in it |
+//! | `claim/<id>` | `QueueClaimRecord`, **attached to the worker's lease** | claim to ack/nack/lease end |
+//! | `dead/<id>` | `QueueDeadRecord` | until requeued |
+//! | `dedup/<dedup id>` | the job id | forever (dedup ids are remembered for the queue's life) |
+//!
+//! `<inv prio>` is `u32::MAX - priority` in 8 hex digits and `<ready at>` the unix millisecond
+//! at which the job becomes claimable, 16 hex digits, so key order is claim order: highest
+//! priority first, then earliest ready time (FIFO for jobs enqueued without delay).
+//!
+//! # Claims and fencing
+//!
+//! A claim is `claim/<id>`, created by a Txn that compares `create_revision(claim/<id>) == 0`
+//! and that the pending entry's `mod_revision` is the one the claimer read; the same Txn bumps
+//! the attempt count. The claim key's create revision is the **fencing token**. Ack, Nack and
+//! Extend compare `create_revision(claim/<id>) == token`, so a stale claim is refused with an
+//! error naming the current token or saying that the claim is gone. Since a job has one claim
+//! key, at most one claim of a job is live at any revision.
+//!
+//! The claim key is attached to the worker's lease: when the lease expires or is revoked, apply
+//! deletes the key at that revision and the job is claimable again, with nothing else to do.
+//! Attempts are counted at claim, so a job whose claimants keep dying is not retried forever:
+//! the next claimer of a job that has used `max_attempts` moves it to `dead/` instead.
+//!
+//! **Extend.** A claim lives exactly as long as its lease unless the claimer asked for a
+//! visibility timeout; then it also ends at its deadline (a worker that is alive but stuck).
+//! Extend checks the claim is still live and pushes that deadline. A claim past its deadline
+//! stays valid until a claimer reaps it (a Txn deleting it, compared on its `mod_revision`), so
+//! an expired deadline never yields two live claims; it only allows a takeover.
+//!
+//! # Clocks
+//!
+//! Delays, backoff and visibility deadlines need a clock, and apply may not read one. Times are
+//! decided by the member serving the request (unix wall clock, milliseconds) and stored in keys;
+//! the comparison "is it ready / expired" happens when a member chooses a job to claim. Skew
+//! between members only shifts when a delayed job becomes claimable or a deadline is honoured:
+//! it never breaks "at most one live claim per job" or fencing, which rest only on Txn compares
+//! evaluated in apply.
+//!
+//! # Waiting
+//!
+//! A Claim with nothing ready subscribes to this member's applied-revision feed (the watch hub's
+//! source) before reading, then sleeps until an event under the queue's `pending/` or a claim
+//! delete, the next delayed job's ready time, or the request's wait limit, whichever comes
+//! first. Nothing polls.
+
+pub mod keys;
+pub mod ops;
+pub mod txns;
+
+pub use crate::concurrency::Backend;
+
+use thiserror::Error;
+
+/// Claims a job gets before it is dead-lettered when Enqueue names no limit.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+/// Largest `max_attempts` accepted.
+pub const MAX_MAX_ATTEMPTS: u32 = 1000;
+/// Base of the exponential backoff when Enqueue names none.
+pub const DEFAULT_BACKOFF_MS: u64 = 1000;
+/// Longest backoff a Nack without a delay waits.
+pub const MAX_BACKOFF_MS: u64 = 5 * 60 * 1000;
+/// Longest delay, backoff base, visibility timeout or wait accepted (30 days): bounds ready times
+/// far below the 16-hex-digit key encoding and catches unit mistakes (seconds passed as ms).
+pub const MAX_DELAY_MS: u64 = 30 * 24 * 3600 * 1000;
+/// Longest queue name.
+pub const MAX_QUEUE_NAME: usize = 128;
+/// Longest dedup id.
+pub const MAX_DEDUP_ID: usize = 256;
+/// Longest error text kept on a nacked job.
+pub const MAX_ERROR_TEXT: usize = 1024;
+/// Most jobs Inspect and DeadLetters list in one call.
+pub const MAX_LIST: u32 = 1000;
+
+/// What a queue operation can fail with.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// The store refused or failed a request; carries its status.
+    #[error("{0}")]
+    Store(#[from] tonic::Status),
+    /// The request was malformed; the text names the field and the limit.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The token is not the job's live claim.
+    #[error("{}", stale_text(.queue, .job, *.token, *.current, *.job_exists))]
+    StaleClaim {
+        /// The queue.
+        queue: String,
+        /// The job.
+        job: String,
+        /// The token the caller presented.
+        token: i64,
+        /// The job's live claim token, if it has one.
+        current: Option<i64>,
+        /// Whether the job is still in the queue.
+        job_exists: bool,
+    },
+    /// Requeue of a job that is not in the dead-letter queue.
+    #[error("picket: job {job} is not in the dead-letter queue of queue {queue:?}")]
+    NotDead {
+        /// The queue.
+        queue: String,
+        /// The job.
+        job: String,
+    },
+    /// A stored record did not decode: a bug or foreign writes under the queue prefix.
+    #[error("picket: corrupt queue record at {key:?}: {why}")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// The decode error.
+        why: String,
+    },
+    /// Claims kept losing races to other claimers; the caller should retry.
+    #[error("picket: claim of queue {0:?} lost too many races to other claimers; retry")]
+    Contended(String),
+}
+
+fn stale_text(queue: &str, job: &str, token: i64, current: Option<i64>, exists: bool) -> String {
+    let why = match (current, exists) {
+        (Some(c), _) => format!("the job is now claimed with token {c}"),
+        (None, true) => {
+            "the claim is gone (nacked, or its lease expired or was revoked); the job is waiting to be claimed again".to_string()
+        }
+        (None, false) => "the job is no longer in the queue (acked or dead-lettered)".to_string(),
+    };
+    // "fencing token" is the phrase clients match to report a fenced-out request.
+    format!("picket: fencing token {token} of job {job} in queue {queue:?} is stale: {why}")
+}
+
+/// Checks a queue name: 1 to [`MAX_QUEUE_NAME`] characters from `[A-Za-z0-9._:-]`, so names
+/// never contain the key separator `/`.
+pub fn validate_queue(name: &str) -> Result<(), QueueError> {
+    if name.is_empty() {
+        return Err(QueueError::InvalidArgument("picket: queue name is empty".into()));
+    }
+    if name.len() > MAX_QUEUE_NAME {
+        return Err(QueueError::InvalidArgument(format!(
+            "picket: queue name is {} bytes, the limit is {MAX_QUEUE_NAME}",
+            name.len()
+        )));
+    }
+    if let Some(c) =
+        name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
+    {
+        return Err(QueueError::InvalidArgument(format!(
+            "picket: queue name {name:?} contains {c:?}; use letters, digits, '.', '_', ':' and '-'"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a job id: what Enqueue returns, 1 to 64 characters from `[0-9a-z]`.
+pub fn validate_job_id(id: &str) -> Result<(), QueueError> {
+    if id.is_empty()
+        || id.len() > 64
+        || !id.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
+    {
+        return Err(QueueError::InvalidArgument(format!(
+            "picket: job id {id:?} is not one Enqueue returns (1 to 64 characters of [0-9a-z])"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a duration field against [`MAX_DELAY_MS`].
+pub fn validate_ms(field: &str, ms: u64) -> Result<(), QueueError> {
+    if ms > MAX_DELAY_MS {
+        return Err(QueueError::InvalidArgument(format!(
+            "picket: {field} is {ms} ms, the limit is {MAX_DELAY_MS} ms (30 days)"
+        )));
+    }
+    Ok(())
+}
+
+/// The backoff before retry number `attempt + 1`: `base * 2^(attempt-1)`, capped at
+/// [`MAX_BACKOFF_MS`].
+pub fn backoff_ms(base: u64, attempt: u32) -> u64 {
+    let base = if base == 0 { DEFAULT_BACKOFF_MS } else { base };
+    let shift = attempt.saturating_sub(1).min(30);
+    base.saturating_mul(1u64 << shift).min(MAX_BACKOFF_MS.max(base))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_ids() {
+        assert!(validate_queue("emails.v2:eu-1_x").is_ok());
+        assert!(validate_queue("").is_err());
+        assert!(validate_queue("a/b").is_err());
+        assert!(validate_queue(&"a".repeat(129)).is_err());
+        assert!(validate_job_id("00ff12ab").is_ok());
+        assert!(validate_job_id("").is_err());
+        assert!(validate_job_id("../x").is_err());
+        assert!(validate_ms("delay_ms", MAX_DELAY_MS).is_ok());
+        assert!(validate_ms("delay_ms", MAX_DELAY_MS + 1).is_err());
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        assert_eq!(backoff_ms(0, 1), 1000);
+        assert_eq!(backoff_ms(100, 1), 100);
+        assert_eq!(backoff_ms(100, 2), 200);
+        assert_eq!(backoff_ms(100, 4), 800);
+        assert_eq!(backoff_ms(1000, 40), MAX_BACKOFF_MS);
+    }
+
+    #[test]
+    fn stale_errors_name_the_current_token() {
+        let e = QueueError::StaleClaim {
+            queue: "q".into(),
+            job: "j".into(),
+            token: 7,
+            current: Some(9),
+            job_exists: true,
+        };
+        assert!(e.to_string().contains("token 7") && e.to_string().contains("token 9"));
+        let e = QueueError::StaleClaim {
+            queue: "q".into(),
+            job: "j".into(),
+            token: 7,
+            current: None,
+            job_exists: false,
+        };
+        assert!(e.to_string().contains("no longer in the queue"));
+    }
+}

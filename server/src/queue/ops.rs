@@ -1,0 +1,675 @@
+//! Queue operations: read, build a Txn ([`super::txns`]), run it, interpret the result. Each
+//! function takes the serving member's clock reading (`now_ms`, unix ms) as an argument, so
+//! nothing here reads a clock and the replicated path stays deterministic.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use picket_proto::etcdserverpb::response_op::Response as OpResp;
+use picket_proto::etcdserverpb::{RangeRequest, TxnResponse};
+use picket_proto::mvccpb::event::EventType;
+use picket_proto::mvccpb::KeyValue;
+use picket_proto::picket::v1::{
+    ClaimedJob, QueueClaimRecord, QueueDeadRecord, QueueJobInfo, QueueJobRecord, QueueJobState,
+    QueuePendingRecord,
+};
+use prost::Message;
+use tokio::sync::broadcast::error::RecvError;
+
+use super::{keys, txns, Backend, QueueError};
+use crate::concurrency::prefix_end;
+
+/// Index entries read per page while looking for a claimable job.
+const CLAIM_PAGE: i64 = 128;
+/// Pages read per claim attempt: bounds the work of one attempt when the head of the index is
+/// all in flight or delayed (then the claimer waits for a change instead of scanning further).
+const CLAIM_PAGES: usize = 64;
+/// Passes of one claim attempt (each after a lost race, a reaped claim or a dead-lettered job)
+/// before it gives up with [`QueueError::Contended`]; each lost race means another claimer made
+/// progress. A waiting [`claim`] then waits for the next change instead of failing.
+const CLAIM_RACES: usize = 64;
+
+fn decode<M: Message + Default>(kv: &KeyValue) -> Result<M, QueueError> {
+    M::decode(kv.value.as_slice()).map_err(|e| QueueError::Corrupt {
+        key: String::from_utf8_lossy(&kv.key).into_owned(),
+        why: e.to_string(),
+    })
+}
+
+fn range_kv(resp: &TxnResponse, i: usize) -> Option<KeyValue> {
+    match resp.responses.get(i)?.response.as_ref()? {
+        OpResp::ResponseRange(r) => r.kvs.first().cloned(),
+        _ => None,
+    }
+}
+
+fn rev(resp: &TxnResponse) -> i64 {
+    resp.header.as_ref().map(|h| h.revision).unwrap_or_default()
+}
+
+async fn get<B: Backend>(b: &B, key: Vec<u8>) -> Result<Option<KeyValue>, QueueError> {
+    Ok(b.range(RangeRequest { key, ..Default::default() }).await?.kvs.into_iter().next())
+}
+
+fn prefix_range(prefix: Vec<u8>) -> RangeRequest {
+    RangeRequest { range_end: prefix_end(&prefix), key: prefix, ..Default::default() }
+}
+
+/// What Enqueue asks for, validated by the caller.
+#[derive(Debug, Clone, Default)]
+pub struct NewJob {
+    /// The job's payload and options.
+    pub record: QueueJobRecord,
+    /// Delay before it may be claimed.
+    pub delay_ms: u64,
+}
+
+/// The outcome of [`enqueue`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Enqueued {
+    /// The job's id (the existing one for a duplicate).
+    pub id: String,
+    /// The revision of the enqueue (of the dedup key for a duplicate).
+    pub revision: i64,
+    /// True when the dedup id was already known.
+    pub duplicate: bool,
+}
+
+/// Adds a job with an id from `new_id`; with a known dedup id, returns the existing job.
+pub async fn enqueue<B: Backend>(
+    b: &B,
+    queue: &str,
+    job: NewJob,
+    now_ms: u64,
+    mut new_id: impl FnMut() -> String,
+) -> Result<Enqueued, QueueError> {
+    let dedup = Some(job.record.dedup_id.as_str()).filter(|d| !d.is_empty());
+    // Ids are 64 random bits; a collision needs billions of live jobs, so a few tries suffice.
+    for _ in 0..4 {
+        let id = new_id();
+        let txn = txns::enqueue(queue, &id, &job.record, now_ms + job.delay_ms, dedup);
+        let resp = b.txn(txn).await?;
+        if resp.succeeded {
+            return Ok(Enqueued { id, revision: rev(&resp), duplicate: false });
+        }
+        if let Some(kv) = dedup.and_then(|_| range_kv(&resp, 0)) {
+            let id = String::from_utf8_lossy(&kv.value).into_owned();
+            return Ok(Enqueued { id, revision: kv.create_revision, duplicate: true });
+        }
+    }
+    Err(QueueError::Contended(queue.to_string()))
+}
+
+/// One claim attempt's outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attempt {
+    /// A job was claimed.
+    Claimed(ClaimedJob),
+    /// Nothing claimable now. `wake_at_ms` is the earliest time something may become
+    /// claimable without a write (a delayed job's ready time or a claim's deadline); `seen` is
+    /// the revision the decision was made at.
+    Empty { wake_at_ms: Option<u64>, seen: i64 },
+}
+
+struct Claims {
+    /// Job id -> the live claim's key-value.
+    by_job: HashMap<String, KeyValue>,
+    /// The revision of the read.
+    revision: i64,
+}
+
+async fn read_claims<B: Backend>(b: &B, queue: &str) -> Result<Claims, QueueError> {
+    let prefix = keys::claim_prefix(queue);
+    let resp = b.range(prefix_range(prefix.clone())).await?;
+    let mut by_job = HashMap::new();
+    for kv in resp.kvs {
+        if let Some(id) = keys::id_after(&prefix, &kv.key) {
+            by_job.insert(id, kv);
+        }
+    }
+    let revision = resp.header.map(|h| h.revision).unwrap_or_default();
+    Ok(Claims { by_job, revision })
+}
+
+/// Tries once to claim the best ready job of `queue` for `lease` (see the module docs of
+/// [`super`] for the order and the compares).
+pub async fn try_claim<B: Backend>(
+    b: &B,
+    queue: &str,
+    lease: i64,
+    visibility_ms: u64,
+    request_id: &str,
+    now_ms: u64,
+) -> Result<Attempt, QueueError> {
+    let mut races = 0;
+    'again: loop {
+        // Every pass after the first follows a write (ours or a competitor's) that changed what
+        // we read; bound them so a pathological state cannot spin this call forever.
+        races += 1;
+        if races > CLAIM_RACES {
+            return Err(QueueError::Contended(queue.to_string()));
+        }
+        let claims = read_claims(b, queue).await?;
+        let mut wake: Option<u64> = None;
+        let mut note = |t: u64| wake = Some(wake.map_or(t, |w: u64| w.min(t)));
+        // Claims past their visibility deadline are reaped first; the job is then claimable.
+        for (id, kv) in &claims.by_job {
+            let rec: QueueClaimRecord = decode(kv)?;
+            if !request_id.is_empty() && rec.request_id == request_id && kv.lease == lease {
+                // A retry of a Claim that was applied but whose answer was lost.
+                if let Some(job) = resume(b, queue, id, kv, &rec).await? {
+                    return Ok(Attempt::Claimed(job));
+                }
+            }
+            if rec.deadline_ms == 0 {
+                continue;
+            }
+            if rec.deadline_ms <= now_ms {
+                let resp = b.txn(txns::reap(queue, id, kv.mod_revision)).await?;
+                tracing::debug!(queue, job = %id, reaped = resp.succeeded, "claim past its deadline");
+                continue 'again;
+            }
+            note(rec.deadline_ms);
+        }
+        let prefix = keys::pending_prefix(queue);
+        let end = prefix_end(&prefix);
+        let mut start = prefix.clone();
+        // The first read's revision: any change after it is in the waiter's feed.
+        let seen = claims.revision;
+        for _ in 0..CLAIM_PAGES {
+            let page = b
+                .range(RangeRequest {
+                    key: start.clone(),
+                    range_end: end.clone(),
+                    limit: CLAIM_PAGE,
+                    ..Default::default()
+                })
+                .await?;
+            // A full page may have more after it; a short one read to the end of the index.
+            let mut next = (page.kvs.len() as i64 >= CLAIM_PAGE)
+                .then(|| page.kvs.last())
+                .flatten()
+                .map(|kv| {
+                    let mut k = kv.key.clone();
+                    k.push(0);
+                    k
+                });
+            for kv in &page.kvs {
+                let Some(pk) = keys::parse_pending_key(queue, &kv.key) else { continue };
+                if claims.by_job.contains_key(&pk.id) {
+                    continue;
+                }
+                if pk.ready_at_ms > now_ms {
+                    // The rest of this priority band is later still: skip to the next band.
+                    note(pk.ready_at_ms);
+                    next = Some(prefix_end(&keys::band_prefix(queue, pk.priority)));
+                    break;
+                }
+                let rec: QueuePendingRecord = decode(kv)?;
+                let max = rec.max_attempts.max(1);
+                if rec.attempts >= max {
+                    let why = format!(
+                        "its claimant's lease ended during attempt {} of {max}",
+                        rec.attempts
+                    );
+                    dead_letter_unclaimed(b, queue, &pk.id, kv, rec, why).await?;
+                    continue 'again;
+                }
+                let attempt = rec.attempts + 1;
+                let bumped = QueuePendingRecord { attempts: attempt, ..rec.clone() };
+                let deadline_ms = if visibility_ms > 0 { now_ms + visibility_ms } else { 0 };
+                let record = QueueClaimRecord {
+                    pending_key: String::from_utf8_lossy(&kv.key).into_owned(),
+                    attempt,
+                    claimed_at_ms: now_ms,
+                    deadline_ms,
+                    request_id: request_id.to_string(),
+                };
+                let txn =
+                    txns::claim(queue, &pk.id, &kv.key, kv.mod_revision, &bumped, lease, &record);
+                let resp = b.txn(txn).await?;
+                if !resp.succeeded {
+                    continue 'again;
+                }
+                let job: QueueJobRecord = match range_kv(&resp, 2) {
+                    Some(kv) => decode(&kv)?,
+                    None => {
+                        return Err(QueueError::Corrupt {
+                            key: String::from_utf8_lossy(&keys::job_key(queue, &pk.id))
+                                .into_owned(),
+                            why: "index entry without its job record".into(),
+                        })
+                    }
+                };
+                return Ok(Attempt::Claimed(ClaimedJob {
+                    job_id: pk.id,
+                    payload: job.payload,
+                    attempt,
+                    token: rev(&resp),
+                    priority: job.priority,
+                    max_attempts: max,
+                    deadline_ms,
+                }));
+            }
+            match next {
+                Some(n) => start = n,
+                None => break,
+            }
+        }
+        return Ok(Attempt::Empty { wake_at_ms: wake, seen });
+    }
+}
+
+/// The job of an existing claim, as a Claim would have returned it.
+async fn resume<B: Backend>(
+    b: &B,
+    queue: &str,
+    id: &str,
+    claim: &KeyValue,
+    rec: &QueueClaimRecord,
+) -> Result<Option<ClaimedJob>, QueueError> {
+    let Some(job_kv) = get(b, keys::job_key(queue, id)).await? else { return Ok(None) };
+    let job: QueueJobRecord = decode(&job_kv)?;
+    Ok(Some(ClaimedJob {
+        job_id: id.to_string(),
+        payload: job.payload,
+        attempt: rec.attempt,
+        token: claim.create_revision,
+        priority: job.priority,
+        max_attempts: job.max_attempts.max(1),
+        deadline_ms: rec.deadline_ms,
+    }))
+}
+
+async fn dead_letter_unclaimed<B: Backend>(
+    b: &B,
+    queue: &str,
+    id: &str,
+    pending: &KeyValue,
+    rec: QueuePendingRecord,
+    reason: String,
+) -> Result<(), QueueError> {
+    let Some(job_kv) = get(b, keys::job_key(queue, id)).await? else {
+        // Index entries and job records are written and deleted together: a bug or foreign
+        // writes. Say so rather than retry forever.
+        return Err(QueueError::Corrupt {
+            key: String::from_utf8_lossy(&pending.key).into_owned(),
+            why: "index entry without its job record".into(),
+        });
+    };
+    let dead = QueueDeadRecord {
+        job: Some(decode(&job_kv)?),
+        attempts: rec.attempts,
+        last_error: rec.last_error,
+        reason,
+    };
+    let guard = txns::unclaimed(queue, id, &pending.key, pending.mod_revision);
+    let resp = b.txn(txns::dead_letter(queue, id, guard, &pending.key, &dead, false)).await?;
+    tracing::info!(queue, job = %id, moved = resp.succeeded, "job used its attempts: dead-lettered");
+    Ok(())
+}
+
+/// Whether an applied batch may make a job of `queue` claimable: an index write, or a claim
+/// deleted (acked, nacked, reaped, or its lease ended).
+fn may_wake(queue: &str, batch: &crate::storage::state_machine::RevisionEvents) -> bool {
+    let pending = keys::pending_prefix(queue);
+    let claim = keys::claim_prefix(queue);
+    batch.events.iter().any(|e| {
+        e.kv.as_ref().is_some_and(|kv| {
+            kv.key.starts_with(&pending)
+                || (e.r#type == EventType::Delete as i32 && kv.key.starts_with(&claim))
+        })
+    })
+}
+
+/// Claims a job, waiting up to `wait` (None: without limit) for one to become claimable.
+/// `clock` reads the serving member's wall clock (unix ms). Returns `None` when the wait ended
+/// with nothing claimed.
+pub async fn claim<B: Backend>(
+    b: &B,
+    queue: &str,
+    lease: i64,
+    visibility_ms: u64,
+    request_id: &str,
+    wait: Option<Duration>,
+    clock: impl Fn() -> u64,
+) -> Result<Option<ClaimedJob>, QueueError> {
+    let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+    // Subscribe before reading, so every revision after the read is in the feed.
+    let mut feed = b.subscribe();
+    loop {
+        let (wake_at, seen) =
+            match try_claim(b, queue, lease, visibility_ms, request_id, clock()).await {
+                Ok(Attempt::Claimed(job)) => return Ok(Some(job)),
+                Ok(Attempt::Empty { wake_at_ms, seen }) => (wake_at_ms, seen),
+                // Others keep winning: wait for the next change, as if the queue were empty.
+                Err(QueueError::Contended(_)) => (None, 0),
+                Err(e) => return Err(e),
+            };
+        let now = tokio::time::Instant::now();
+        if deadline.is_some_and(|d| d <= now) {
+            return Ok(None);
+        }
+        // Sleep until the next delayed job is due (by this member's clock), but at most until
+        // the caller's wait ends; a far-off due time is re-checked hourly (a clock step).
+        let due = wake_at.map(|t| Duration::from_millis(t.saturating_sub(clock()).max(1)));
+        let mut until =
+            now + due.unwrap_or(Duration::from_secs(3600)).min(Duration::from_secs(3600));
+        if let Some(d) = deadline {
+            until = until.min(d);
+        }
+        let sleep = tokio::time::sleep_until(until);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                _ = &mut sleep => break,
+                batch = feed.recv() => match batch {
+                    Ok(batch) if batch.revision <= seen => {}
+                    Ok(batch) => if may_wake(queue, &batch) { break },
+                    // Fell behind the feed: re-read instead of trusting it.
+                    Err(RecvError::Lagged(_)) => break,
+                    Err(RecvError::Closed) => {
+                        return Err(QueueError::Store(tonic::Status::unavailable(
+                            "etcdserver: server stopped",
+                        )));
+                    }
+                },
+            }
+        }
+    }
+}
+
+/// The claim of `id`, if any, decoded.
+async fn read_claim<B: Backend>(
+    b: &B,
+    queue: &str,
+    id: &str,
+) -> Result<Option<(KeyValue, QueueClaimRecord)>, QueueError> {
+    match get(b, keys::claim_key(queue, id)).await? {
+        Some(kv) => {
+            let rec = decode(&kv)?;
+            Ok(Some((kv, rec)))
+        }
+        None => Ok(None),
+    }
+}
+
+async fn stale<B: Backend>(b: &B, queue: &str, id: &str, token: i64) -> QueueError {
+    let current = match get(b, keys::claim_key(queue, id)).await {
+        Ok(kv) => kv.map(|kv| kv.create_revision),
+        Err(e) => return e,
+    };
+    let job_exists = match get(b, keys::job_key(queue, id)).await {
+        Ok(kv) => kv.is_some(),
+        Err(e) => return e,
+    };
+    QueueError::StaleClaim {
+        queue: queue.to_string(),
+        job: id.to_string(),
+        token,
+        current,
+        job_exists,
+    }
+}
+
+fn stale_from(queue: &str, id: &str, token: i64, resp: &TxnResponse) -> QueueError {
+    QueueError::StaleClaim {
+        queue: queue.to_string(),
+        job: id.to_string(),
+        token,
+        current: range_kv(resp, 0).map(|kv| kv.create_revision),
+        job_exists: range_kv(resp, 1).is_some(),
+    }
+}
+
+/// Reads the claim of `id` and checks it is `token`'s.
+async fn held<B: Backend>(
+    b: &B,
+    queue: &str,
+    id: &str,
+    token: i64,
+) -> Result<(KeyValue, QueueClaimRecord), QueueError> {
+    match read_claim(b, queue, id).await? {
+        Some((kv, rec)) if kv.create_revision == token => Ok((kv, rec)),
+        _ => Err(stale(b, queue, id, token).await),
+    }
+}
+
+/// Completes the job claimed with `token`. Returns the revision of the ack.
+pub async fn ack<B: Backend>(b: &B, queue: &str, id: &str, token: i64) -> Result<i64, QueueError> {
+    let (_, rec) = held(b, queue, id, token).await?;
+    let resp = b.txn(txns::ack(queue, id, token, rec.pending_key.as_bytes())).await?;
+    if !resp.succeeded {
+        return Err(stale_from(queue, id, token, &resp));
+    }
+    Ok(rev(&resp))
+}
+
+/// The outcome of [`nack`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Nacked {
+    /// The job used its last attempt and is now a dead letter.
+    pub dead_lettered: bool,
+    /// When it is claimable again, unless dead-lettered.
+    pub ready_at_ms: u64,
+    /// The revision of the nack.
+    pub revision: i64,
+}
+
+/// Gives back the job claimed with `token`, for a retry after `delay_ms` (None: exponential
+/// backoff) or to the dead-letter queue if it has used its attempts.
+pub async fn nack<B: Backend>(
+    b: &B,
+    queue: &str,
+    id: &str,
+    token: i64,
+    delay_ms: Option<u64>,
+    error: &str,
+    now_ms: u64,
+) -> Result<Nacked, QueueError> {
+    let (_, claim) = held(b, queue, id, token).await?;
+    let pending_key = claim.pending_key.into_bytes();
+    let Some(pending_kv) = get(b, pending_key.clone()).await? else {
+        return Err(stale(b, queue, id, token).await);
+    };
+    let rec: QueuePendingRecord = decode(&pending_kv)?;
+    let Some(pk) = keys::parse_pending_key(queue, &pending_key) else {
+        return Err(QueueError::Corrupt {
+            key: String::from_utf8_lossy(&pending_key).into_owned(),
+            why: "claim names a key outside the index".into(),
+        });
+    };
+    let rec = QueuePendingRecord { last_error: error.to_string(), ..rec };
+    if rec.attempts >= rec.max_attempts.max(1) {
+        let Some(job_kv) = get(b, keys::job_key(queue, id)).await? else {
+            return Err(stale(b, queue, id, token).await);
+        };
+        let dead = QueueDeadRecord {
+            job: Some(decode(&job_kv)?),
+            attempts: rec.attempts,
+            last_error: rec.last_error.clone(),
+            reason: format!(
+                "nacked on its last attempt ({} of {})",
+                rec.attempts, rec.max_attempts
+            ),
+        };
+        let guard = vec![txns::holds(queue, id, token)];
+        let resp = b.txn(txns::dead_letter(queue, id, guard, &pending_key, &dead, true)).await?;
+        if !resp.succeeded {
+            return Err(stale_from(queue, id, token, &resp));
+        }
+        return Ok(Nacked { dead_lettered: true, ready_at_ms: 0, revision: rev(&resp) });
+    }
+    let delay = delay_ms.unwrap_or_else(|| super::backoff_ms(rec.backoff_ms, rec.attempts));
+    let ready_at_ms = now_ms + delay;
+    let new_key = keys::pending_key(queue, pk.priority, ready_at_ms, id);
+    let resp = b.txn(txns::nack(queue, id, token, &pending_key, &new_key, &rec)).await?;
+    if !resp.succeeded {
+        return Err(stale_from(queue, id, token, &resp));
+    }
+    Ok(Nacked { dead_lettered: false, ready_at_ms, revision: rev(&resp) })
+}
+
+/// Checks the claim `token` is live and, with `visibility_ms > 0`, sets its deadline to
+/// `now_ms + visibility_ms`. Returns the deadline (0: none) and the revision.
+pub async fn extend<B: Backend>(
+    b: &B,
+    queue: &str,
+    id: &str,
+    token: i64,
+    visibility_ms: u64,
+    now_ms: u64,
+) -> Result<(u64, i64), QueueError> {
+    let (kv, rec) = held(b, queue, id, token).await?;
+    if visibility_ms == 0 {
+        return Ok((rec.deadline_ms, kv.mod_revision));
+    }
+    let rec = QueueClaimRecord { deadline_ms: now_ms + visibility_ms, ..rec };
+    let resp = b.txn(txns::extend(queue, id, token, kv.lease, &rec)).await?;
+    if !resp.succeeded {
+        return Err(stale_from(queue, id, token, &resp));
+    }
+    Ok((rec.deadline_ms, rev(&resp)))
+}
+
+/// Counts and (up to `limit`) lists the jobs of `queue`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Inspection {
+    /// Unclaimed and due.
+    pub ready: u64,
+    /// Unclaimed, waiting for a delay or backoff.
+    pub delayed: u64,
+    /// With a live claim.
+    pub in_flight: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// Pending jobs in claim order.
+    pub jobs: Vec<QueueJobInfo>,
+    /// The revision read at.
+    pub revision: i64,
+}
+
+fn info(
+    pk: &keys::PendingKey,
+    rec: &QueuePendingRecord,
+    claim: Option<&KeyValue>,
+    now_ms: u64,
+) -> QueueJobInfo {
+    let state = match claim {
+        Some(_) => QueueJobState::Claimed,
+        None if pk.ready_at_ms > now_ms => QueueJobState::Delayed,
+        None => QueueJobState::Ready,
+    };
+    QueueJobInfo {
+        job_id: pk.id.clone(),
+        state: state as i32,
+        priority: pk.priority,
+        attempts: rec.attempts,
+        max_attempts: rec.max_attempts,
+        ready_at_ms: pk.ready_at_ms,
+        token: claim.map(|c| c.create_revision).unwrap_or_default(),
+        lease: claim.map(|c| c.lease).unwrap_or_default(),
+        last_error: rec.last_error.clone(),
+        payload_size: 0,
+        dedup_id: String::new(),
+    }
+}
+
+/// Reads every index entry and claim of `queue` (one linearizable read each) and classifies
+/// them at `now_ms`.
+pub async fn inspect<B: Backend>(
+    b: &B,
+    queue: &str,
+    limit: usize,
+    now_ms: u64,
+) -> Result<Inspection, QueueError> {
+    let claims = read_claims(b, queue).await?;
+    let pending = b.range(prefix_range(keys::pending_prefix(queue))).await?;
+    let mut dead_req = prefix_range(keys::dead_prefix(queue));
+    dead_req.count_only = true;
+    let dead = b.range(dead_req).await?;
+    let mut out = Inspection {
+        dead: dead.count.max(0) as u64,
+        revision: dead.header.map(|h| h.revision).unwrap_or_default(),
+        ..Default::default()
+    };
+    for kv in &pending.kvs {
+        let Some(pk) = keys::parse_pending_key(queue, &kv.key) else { continue };
+        let rec: QueuePendingRecord = decode(kv)?;
+        let job = info(&pk, &rec, claims.by_job.get(&pk.id), now_ms);
+        match QueueJobState::try_from(job.state) {
+            Ok(QueueJobState::Claimed) => out.in_flight += 1,
+            Ok(QueueJobState::Delayed) => out.delayed += 1,
+            _ => out.ready += 1,
+        }
+        if out.jobs.len() < limit {
+            out.jobs.push(job);
+        }
+    }
+    Ok(out)
+}
+
+/// A dead letter as listed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dead {
+    /// The job.
+    pub info: QueueJobInfo,
+    /// Its payload.
+    pub payload: Vec<u8>,
+    /// Why it was dead-lettered.
+    pub reason: String,
+}
+
+/// Lists up to `limit` dead letters of `queue` and counts them all.
+pub async fn dead_letters<B: Backend>(
+    b: &B,
+    queue: &str,
+    limit: usize,
+) -> Result<(Vec<Dead>, u64, i64), QueueError> {
+    let prefix = keys::dead_prefix(queue);
+    let mut req = prefix_range(prefix.clone());
+    req.limit = limit as i64;
+    let resp = b.range(req).await?;
+    let mut out = Vec::with_capacity(resp.kvs.len());
+    for kv in &resp.kvs {
+        let Some(id) = keys::id_after(&prefix, &kv.key) else { continue };
+        let rec: QueueDeadRecord = decode(kv)?;
+        let job = rec.job.unwrap_or_default();
+        out.push(Dead {
+            info: QueueJobInfo {
+                job_id: id,
+                state: QueueJobState::Dead as i32,
+                priority: job.priority,
+                attempts: rec.attempts,
+                max_attempts: job.max_attempts,
+                last_error: rec.last_error,
+                payload_size: job.payload.len() as u64,
+                dedup_id: job.dedup_id,
+                ..Default::default()
+            },
+            payload: job.payload,
+            reason: rec.reason,
+        });
+    }
+    let revision = resp.header.map(|h| h.revision).unwrap_or_default();
+    Ok((out, resp.count.max(0) as u64, revision))
+}
+
+/// Moves dead letter `id` back into `queue`, attempts reset, claimable at `now_ms`.
+pub async fn requeue<B: Backend>(
+    b: &B,
+    queue: &str,
+    id: &str,
+    now_ms: u64,
+) -> Result<i64, QueueError> {
+    let not_dead = || QueueError::NotDead { queue: queue.to_string(), job: id.to_string() };
+    let Some(kv) = get(b, keys::dead_key(queue, id)).await? else { return Err(not_dead()) };
+    let rec: QueueDeadRecord = decode(&kv)?;
+    let job = rec.job.unwrap_or_default();
+    let resp = b.txn(txns::requeue(queue, id, kv.mod_revision, &job, now_ms)).await?;
+    if !resp.succeeded {
+        // Requeued (or requeued and finished) by someone else meanwhile.
+        return Err(not_dead());
+    }
+    Ok(rev(&resp))
+}

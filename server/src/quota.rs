@@ -1,0 +1,305 @@
+//! The storage quota (`--quota-backend-bytes`) and the replicated alarm set (etcd's `NOSPACE`).
+//!
+//! # What is measured
+//!
+//! etcd's quota limits its backend (the bbolt file), not its Raft WAL. Picket's backend is the
+//! state machine's column families ([`BACKEND_CFS`]: `kv`, `changelog`, `meta`, `lease`,
+//! `lease_keys`; the same set a snapshot holds); the Raft log families are excluded, as etcd's
+//! WAL is, because snapshots bound them. [`backend_sizes`] adds, per family, the size of its
+//! table files and of its memtables (data not flushed yet is on disk in the WAL and would be in
+//! a table file after the next flush). Compaction (`etcdctl compact`) only writes tombstones,
+//! so the size falls after a defragment (`etcdctl defrag`), which here is a full RocksDB manual
+//! compaction: it flushes the memtables and rewrites every table file without the deleted
+//! versions. The same numbers are `Status.db_size`/`db_size_in_use` and the
+//! `picket_mvcc_db_total_size_*` metrics. Memtables count by the memory RocksDB allocated for
+//! them, which grows in arena blocks (1 MiB per column family with the default 64 MiB write
+//! buffer): a store with a few keys measures about 3 MiB, so quotas below about 8 MiB are
+//! coarse. That errs on the side of raising the alarm early, never late.
+//!
+//! # Alarms are replicated
+//!
+//! An alarm is a `(member id, alarm type)` pair in the state machine ([`KEY_ALARMS`] in the
+//! `meta` family, so snapshots carry it). Activating and deactivating are Raft commands
+//! (`RaftCommand.alarm`), applied by [`apply_alarm`] on every member in log order, so all
+//! members agree on which alarms are active and a restart keeps them. Listing reads the local
+//! copy.
+//!
+//! # Who raises and clears NOSPACE
+//!
+//! The size of a member's store is not deterministic (it depends on when RocksDB flushes and
+//! compacts), so the check runs outside apply: [`run_monitor`] on every member compares its own
+//! size with the quota about twice a second and proposes `Activate(self, NOSPACE)` when the
+//! size is over it, and `Deactivate(self, NOSPACE)` when its own NOSPACE alarm is active and the
+//! size fell below [`CLEAR_PERCENT`] of the quota (the margin keeps the alarm from flapping
+//! around the limit). An operator can also disarm it (`etcdctl alarm disarm`), as in etcd; if
+//! the store is still over the quota, the monitor raises it again.
+//!
+//! # What NOSPACE refuses
+//!
+//! While any NOSPACE alarm is active, every command that can grow the store ([`grows_store`]:
+//! Put, a Txn with a put in any branch, LeaseGrant, a fenced txn with a put; Lock and Campaign
+//! are puts and lease grants underneath) fails with etcd's `etcdserver: mvcc: database space
+//! exceeded` (ResourceExhausted). Reads, deletes, lease revokes, compaction, defragment and
+//! alarm changes still work, so the operator can reclaim space. The refusal is made twice:
+//! - in apply ([`gate`]), deterministically from the replicated alarm set, so every member
+//!   refuses the same entries whatever it knew when the request arrived;
+//! - before proposing ([`check_propose`]), from this member's copy of the alarm set, so a
+//!   refused write does not take a Raft log entry (etcd checks before proposing too).
+//!
+//! The quota is soft, as etcd's: writes between crossing the limit and the alarm's commit (one
+//! monitor tick plus one commit) are accepted.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use picket_proto::etcdserverpb::alarm_request::AlarmAction;
+use picket_proto::etcdserverpb::request_op::Request as OpRequest;
+use picket_proto::etcdserverpb::{
+    AlarmMember, AlarmRequest, AlarmResponse, AlarmType, RequestOp, TxnRequest,
+};
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
+use picket_proto::picket::raft::v1::CommandError;
+use thiserror::Error;
+use tokio::sync::watch;
+
+use crate::mvcc::{ApplyBatch, MvccError};
+use crate::storage::engine::{Cf, Engine, ReadView};
+use crate::storage::rocks::RocksEngine;
+
+/// etcd's default `--quota-backend-bytes`: 2 GiB.
+pub const DEFAULT_QUOTA_BYTES: u64 = 2 * 1024 * 1024 * 1024;
+/// etcd warns above 8 GiB ("exceeded recommended maximum"); so does Picket.
+pub const MAX_SUGGESTED_QUOTA_BYTES: u64 = 8 * 1024 * 1024 * 1024;
+/// A member clears its own NOSPACE alarm once its store is below this share of the quota.
+pub const CLEAR_PERCENT: u64 = 90;
+/// How often [`run_monitor`] measures the store: a handful of RocksDB property reads.
+pub const MONITOR_INTERVAL: Duration = Duration::from_millis(500);
+/// etcd's `ErrGRPCNoSpace` text, verbatim: etcd clients map errors by their message.
+pub const NOSPACE_MESSAGE: &str = "etcdserver: mvcc: database space exceeded";
+/// The metadata key of the hint attached to NOSPACE refusals made before proposing.
+pub const HINT_METADATA: &str = "picket-hint";
+
+/// The `meta` key holding the active alarms (postcard `Vec<(member_id, alarm)>`, sorted).
+pub(crate) const KEY_ALARMS: &[u8] = b"alarm/active";
+
+/// The state machine's column families: what the quota measures and a snapshot holds.
+pub const BACKEND_CFS: [Cf; 5] = [Cf::Kv, Cf::Changelog, Cf::Meta, Cf::Lease, Cf::LeaseKeys];
+
+/// The active alarms, as `(member id, AlarmType as i32)`.
+pub type AlarmSet = BTreeSet<(u64, i32)>;
+
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum QuotaError {
+    /// Reading the alarm set failed: a storage failure, fatal for the node.
+    #[error("reading the alarm set: {0}")]
+    Storage(#[from] MvccError),
+    /// The stored alarm set does not decode: corrupt state-machine data, fatal for the node.
+    #[error("corrupt alarm set: {0}")]
+    Corrupt(String),
+}
+
+/// The quota in effect for `--quota-backend-bytes flag` (0 means etcd's default, as in etcd).
+pub fn effective_quota(flag: u64) -> u64 {
+    if flag == 0 {
+        DEFAULT_QUOTA_BYTES
+    } else {
+        flag
+    }
+}
+
+/// Estimated (bytes on disk, bytes of live data) of the backend: table files plus memtables of
+/// every family in [`BACKEND_CFS`]. See the module docs.
+pub fn backend_sizes(engine: &RocksEngine) -> (u64, u64) {
+    let db = engine.db();
+    let prop = |cf: Cf, name: &rocksdb::properties::PropName| -> u64 {
+        // A missing or unreadable property only makes the estimate smaller.
+        db.property_int_value_cf(engine.cf_handle(cf), name).ok().flatten().unwrap_or(0)
+    };
+    let (mut total, mut live) = (0u64, 0u64);
+    for cf in BACKEND_CFS {
+        let mem = prop(cf, rocksdb::properties::CUR_SIZE_ALL_MEM_TABLES);
+        total += prop(cf, rocksdb::properties::TOTAL_SST_FILES_SIZE) + mem;
+        live += prop(cf, rocksdb::properties::LIVE_SST_FILES_SIZE) + mem;
+    }
+    (total, live.min(total))
+}
+
+fn decode(raw: Option<Vec<u8>>) -> Result<AlarmSet, QuotaError> {
+    let Some(raw) = raw else { return Ok(AlarmSet::new()) };
+    let list: Vec<(u64, i32)> =
+        postcard::from_bytes(&raw).map_err(|e| QuotaError::Corrupt(e.to_string()))?;
+    Ok(list.into_iter().collect())
+}
+
+/// The active alarms as this member has applied them.
+pub fn read_alarms(view: &impl ReadView) -> Result<AlarmSet, QuotaError> {
+    decode(view.get(Cf::Meta, KEY_ALARMS).map_err(MvccError::from)?)
+}
+
+fn nospace_in(alarms: &AlarmSet) -> bool {
+    alarms.iter().any(|&(_, a)| a == AlarmType::Nospace as i32)
+}
+
+fn txn_has_put(txn: &TxnRequest) -> bool {
+    let op_puts = |op: &RequestOp| match &op.request {
+        Some(OpRequest::RequestPut(_)) => true,
+        Some(OpRequest::RequestTxn(t)) => txn_has_put(t),
+        _ => false,
+    };
+    txn.success.iter().chain(&txn.failure).any(op_puts)
+}
+
+/// Whether `cmd` can grow the store, and so is refused while NOSPACE is active (etcd's
+/// `applierV3Capped`: puts, txns with puts, lease grants).
+pub fn grows_store(cmd: &Cmd) -> bool {
+    match cmd {
+        Cmd::Put(_) | Cmd::LeaseGrant(_) => true,
+        Cmd::Txn(t) => txn_has_put(t),
+        Cmd::FencedTxn(f) => f.txn.as_ref().is_some_and(txn_has_put),
+        Cmd::Batch(b) => b.commands.iter().any(|c| c.cmd.as_ref().is_some_and(grows_store)),
+        _ => false,
+    }
+}
+
+fn nospace_result() -> CmdResult {
+    CmdResult::Error(CommandError {
+        code: tonic::Code::ResourceExhausted as u32,
+        message: NOSPACE_MESSAGE.to_string(),
+    })
+}
+
+/// The apply-time check: `Some(error result)` if `cmd` grows the store while a NOSPACE alarm is
+/// active in this batch's view of the state machine. Deterministic: it reads only replicated
+/// state. Commands that cannot grow the store do not read the alarm set at all.
+pub fn gate<E: Engine>(
+    batch: &ApplyBatch<'_, E>,
+    cmd: &Cmd,
+) -> Result<Option<CmdResult>, QuotaError> {
+    // A group-committed batch is not refused as a whole: apply gates each command in it, so
+    // a delete in the same batch as a refused put still succeeds.
+    if matches!(cmd, Cmd::Batch(_)) || !grows_store(cmd) {
+        return Ok(None);
+    }
+    let alarms = decode(batch.get_raw(Cf::Meta, KEY_ALARMS)?)?;
+    Ok(nospace_in(&alarms).then(nospace_result))
+}
+
+/// Applies an `Alarm` command: Activate adds the pair, Deactivate removes it; the response lists
+/// the pairs that changed (etcd answers with the alarm it activated or deactivated). GET and
+/// unknown actions are never proposed by Picket; one found in the log changes nothing.
+pub fn apply_alarm<E: Engine>(
+    batch: &mut ApplyBatch<'_, E>,
+    req: &AlarmRequest,
+) -> Result<CmdResult, QuotaError> {
+    let mut alarms = decode(batch.get_raw(Cf::Meta, KEY_ALARMS)?)?;
+    let pair = (req.member_id, req.alarm);
+    let changed = match AlarmAction::try_from(req.action) {
+        Ok(AlarmAction::Activate) if req.alarm != AlarmType::None as i32 => alarms.insert(pair),
+        Ok(AlarmAction::Deactivate) => alarms.remove(&pair),
+        _ => false,
+    };
+    if changed {
+        let list: Vec<(u64, i32)> = alarms.iter().copied().collect();
+        let bytes = postcard::to_allocvec(&list).map_err(|e| QuotaError::Corrupt(e.to_string()))?;
+        batch.put_raw(Cf::Meta, KEY_ALARMS, &bytes);
+        tracing::info!(
+            member_id = format!("{:x}", req.member_id),
+            alarm = alarm_name(req.alarm),
+            active = matches!(AlarmAction::try_from(req.action), Ok(AlarmAction::Activate)),
+            "alarm changed"
+        );
+    }
+    let alarms = if changed {
+        vec![AlarmMember { member_id: req.member_id, alarm: req.alarm }]
+    } else {
+        Vec::new()
+    };
+    Ok(CmdResult::Alarm(AlarmResponse { header: None, alarms }))
+}
+
+/// etcd's name of an alarm type (`NOSPACE`, `CORRUPT`), or `UNKNOWN`.
+pub fn alarm_name(alarm: i32) -> &'static str {
+    AlarmType::try_from(alarm).map(|a| a.as_str_name()).unwrap_or("UNKNOWN")
+}
+
+/// The status a write refused before proposing gets: etcd's code and message verbatim (clients
+/// match on them), plus a `picket-hint` metadata entry naming the flag and the way out.
+pub fn nospace_status() -> tonic::Status {
+    let mut status = tonic::Status::resource_exhausted(NOSPACE_MESSAGE);
+    let hint = "the store is over --quota-backend-bytes (NOSPACE alarm active): compact, \
+                defragment, then `etcdctl alarm disarm`, or restart with a larger quota";
+    if let Ok(v) = tonic::metadata::MetadataValue::try_from(hint) {
+        status.metadata_mut().insert(HINT_METADATA, v);
+    }
+    status
+}
+
+/// The propose-time check (see the module docs): refuses `cmd` if it grows the store and this
+/// member's copy of the alarm set has NOSPACE. A storage error here lets the command through:
+/// apply checks again from the replicated state, so nothing is lost by not refusing early.
+pub fn check_propose(engine: &RocksEngine, cmd: &Cmd) -> Result<(), tonic::Status> {
+    if grows_store(cmd) && read_alarms(engine).is_ok_and(|a| nospace_in(&a)) {
+        return Err(nospace_status());
+    }
+    Ok(())
+}
+
+/// What [`run_monitor`] should propose, given this member's size and alarms.
+fn decide(member_id: u64, size: u64, quota: u64, alarms: &AlarmSet) -> Option<AlarmAction> {
+    let mine = alarms.contains(&(member_id, AlarmType::Nospace as i32));
+    if size > quota && !mine {
+        Some(AlarmAction::Activate)
+    } else if mine && size.saturating_mul(100) < quota.saturating_mul(CLEAR_PERCENT) {
+        Some(AlarmAction::Deactivate)
+    } else {
+        None
+    }
+}
+
+/// Measures this member's store every [`MONITOR_INTERVAL`] and raises or clears its own NOSPACE
+/// alarm (see the module docs) until `stop` turns true.
+pub async fn run_monitor(ctx: Arc<crate::api::Ctx>, quota: u64, mut stop: watch::Receiver<bool>) {
+    let member_id = ctx.member_id;
+    let mut tick = tokio::time::interval(MONITOR_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+        let (size, _) = backend_sizes(ctx.sm.engine());
+        let alarms = match read_alarms(ctx.sm.engine()) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "quota monitor cannot read the alarm set");
+                continue;
+            }
+        };
+        let Some(action) = decide(member_id, size, quota, &alarms) else { continue };
+        if action == AlarmAction::Activate {
+            tracing::warn!(
+                size,
+                quota,
+                "the store is over --quota-backend-bytes: raising the NOSPACE alarm, writes \
+                 that grow the store are refused until space is reclaimed (compact, then \
+                 defragment)"
+            );
+        } else {
+            tracing::info!(size, quota, "the store is below the quota again: clearing NOSPACE");
+        }
+        let req =
+            AlarmRequest { action: action as i32, member_id, alarm: AlarmType::Nospace as i32 };
+        // Retried on the next tick if it fails (no leader, timeout): activating an active alarm
+        // and deactivating an inactive one change nothing, so a duplicate is harmless.
+        if let Err(e) = ctx.propose(Cmd::Alarm(req)).await {
+            tracing::warn!(error = %e, "quota monitor could not propose the alarm change");
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "quota_tests.rs"]
+mod tests;
