@@ -376,6 +376,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         tracing::warn!(quota, "--quota-backend-bytes exceeds the suggested maximum of 8 GiB");
     }
     metrics.set_quota(quota);
+    metrics.set_request_limits(cfg.max_request_bytes, cfg.max_txn_ops);
     tokio::spawn(crate::quota::run_monitor(ctx.clone(), quota, stop_rx.clone()));
     tokio::spawn(crate::raft::member_tasks::publish(
         control.clone(),

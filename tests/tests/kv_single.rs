@@ -10,6 +10,8 @@ use etcd_client::{
     Client, CompactionOptions, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions,
     SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
+use picket_proto::etcdserverpb::kv_client::KvClient;
+use picket_proto::etcdserverpb::PutRequest;
 use picket_tests::util::{keys, rev};
 use picket_tests::{assert_status, kvs, Cluster, ClusterOptions, Kv};
 use tonic::Code;
@@ -751,6 +753,14 @@ async fn request_too_large() -> Result<()> {
     assert_status(c.txn(t).await, Code::InvalidArgument, TOO_LARGE);
     assert!(c.get("big", None).await?.kvs().is_empty());
     assert_eq!(rev(c.get("small", None).await?.header()), 2);
+
+    info!("the refusal keeps etcd's message and names the flag in its picket-hint metadata");
+    let mut kv = KvClient::connect(cluster.endpoint(0)).await?;
+    let req = PutRequest { key: b"big".to_vec(), value: vec![b'b'; 4096], ..Default::default() };
+    let err = kv.put(req).await.expect_err("a 4 KiB put over a 1 KiB limit");
+    assert_eq!(err.message(), TOO_LARGE);
+    let hint = err.metadata().get("picket-hint").and_then(|v| v.to_str().ok()).unwrap_or("");
+    assert!(hint.contains("--max-request-bytes (1024)"), "hint: {hint:?}");
 
     assert_still_serving(&mut c).await?;
     cluster.finish();

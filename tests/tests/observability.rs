@@ -45,6 +45,8 @@ const FAMILIES: &[&str] = &[
     "picket_mvcc_db_total_size_in_use_in_bytes",
     "picket_mvcc_current_revision",
     "picket_server_quota_backend_bytes",
+    "picket_server_max_request_bytes",
+    "picket_server_max_txn_ops",
     "picket_disk_wal_fsync_duration_seconds",
     "picket_disk_backend_commit_duration_seconds",
     "picket_debugging_mvcc_watcher_total",

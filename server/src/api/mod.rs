@@ -64,8 +64,9 @@ impl Ctx {
 
     /// Rejects requests larger than `--max-request-bytes` with etcd's error.
     pub fn check_size<M: Message>(&self, req: &M) -> Result<(), Status> {
-        if req.encoded_len() > self.max_request_bytes {
-            return Err(status::request_too_large());
+        let size = req.encoded_len();
+        if size > self.max_request_bytes {
+            return Err(status::request_too_large(size, self.max_request_bytes));
         }
         Ok(())
     }

@@ -36,7 +36,23 @@ pub fn mvcc_status(e: &MvccError) -> Status {
         MvccError::LeaseProvided => (Code::InvalidArgument, "etcdserver: lease is provided".into()),
         other => (Code::Internal, format!("picket: storage failure: {other}")),
     };
-    Status::new(code, msg)
+    let status = Status::new(code, msg);
+    match e {
+        MvccError::TooManyOps => with_hint(
+            status,
+            "each branch of a txn may hold at most --max-txn-ops operations (default 128)",
+        ),
+        _ => status,
+    }
+}
+
+/// Attaches a `picket-hint` metadata entry naming the limit or flag behind a refusal. The
+/// message itself stays etcd's, verbatim, because etcd clients map errors by their message.
+pub fn with_hint(mut status: Status, hint: &str) -> Status {
+    if let Ok(v) = tonic::metadata::MetadataValue::try_from(hint) {
+        status.metadata_mut().insert(crate::quota::HINT_METADATA, v);
+    }
+    status
 }
 
 /// Whether an MVCC error means the node's storage failed, rather than a deterministic outcome
@@ -88,8 +104,11 @@ pub fn command_error_status(e: &CommandError) -> Status {
     Status::new(Code::from_i32(e.code as i32), e.message.clone())
 }
 
-pub fn request_too_large() -> Status {
-    Status::invalid_argument(ERR_REQUEST_TOO_LARGE)
+pub fn request_too_large(size: usize, limit: usize) -> Status {
+    with_hint(
+        Status::invalid_argument(ERR_REQUEST_TOO_LARGE),
+        &format!("the request is {size} bytes, over --max-request-bytes ({limit})"),
+    )
 }
 
 /// Maps a cluster-operation error to etcd's status (codes from etcd's `rpctypes`).

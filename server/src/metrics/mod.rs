@@ -82,6 +82,8 @@ pub struct Metrics {
     compact_revision: IntGauge,
 
     quota_backend_bytes: IntGauge,
+    max_request_bytes: IntGauge,
+    max_txn_ops: IntGauge,
     disk: disk::DiskMetrics,
     watchers: IntGauge,
     slow_watchers: IntGauge,
@@ -214,6 +216,14 @@ impl Metrics {
                 "server_quota_backend_bytes",
                 "The backend quota in effect (--quota-backend-bytes; 0 means 2 GiB).",
             )?,
+            max_request_bytes: gauge(
+                "server_max_request_bytes",
+                "The largest client request accepted (--max-request-bytes).",
+            )?,
+            max_txn_ops: gauge(
+                "server_max_txn_ops",
+                "The most operations in one transaction (--max-txn-ops).",
+            )?,
             disk: disk::DiskMetrics {
                 wal_fsync: register(
                     r,
@@ -282,6 +292,13 @@ impl Metrics {
     /// The histograms the storage layer observes (see [`disk`]).
     pub fn disk(&self) -> disk::DiskMetrics {
         self.disk.clone()
+    }
+
+    /// Records the request limits in effect (`picket_server_max_request_bytes`,
+    /// `picket_server_max_txn_ops`), so operators see them beside the quota.
+    pub fn set_request_limits(&self, max_request_bytes: usize, max_txn_ops: usize) {
+        self.max_request_bytes.set(i64::try_from(max_request_bytes).unwrap_or(i64::MAX));
+        self.max_txn_ops.set(i64::try_from(max_txn_ops).unwrap_or(i64::MAX));
     }
 
     /// Records the quota in effect (`picket_server_quota_backend_bytes`).
@@ -376,6 +393,7 @@ mod tests {
     fn disk_histograms_quota_and_watcher_guards() {
         let m = Metrics::new(1).expect("registry");
         m.set_quota(1 << 20);
+        m.set_request_limits(1536 * 1024, 128);
         let disk = m.disk();
         assert_eq!(disk.time_wal_fsync(|| 7), 7);
         disk.time_backend_commit(|| ());
@@ -383,6 +401,8 @@ mod tests {
         let slow = m.slow_watcher();
         let text = m.render().expect("render");
         assert!(text.contains("picket_server_quota_backend_bytes 1048576"), "{text}");
+        assert!(text.contains("picket_server_max_request_bytes 1572864"), "{text}");
+        assert!(text.contains("picket_server_max_txn_ops 128"), "{text}");
         assert!(text.contains("picket_disk_wal_fsync_duration_seconds_count 1"), "{text}");
         assert!(text.contains("picket_disk_backend_commit_duration_seconds_count 1"), "{text}");
         assert!(text.contains("picket_debugging_mvcc_watcher_total 1"), "{text}");
