@@ -137,7 +137,11 @@ fn the_record_keeps_a_torn_slot_apart_and_is_lowered_before_truncation() {
     bytes[newest + 13] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
     let (older, acked) = read_record(&path).unwrap();
-    assert_eq!((older, acked.log_index), (seq - 1, 12));
+    // The other slot is the write before the newest: the flush of 12, or, when the background
+    // writer (poked by `acked_log(12)`) ran after `before_truncate`, its rewrite of the lowered
+    // 8. Either is a value this record really held, one sequence number older (CI once saw 8).
+    assert_eq!(older, seq - 1);
+    assert!([8, 12].contains(&acked.log_index), "older slot holds {acked:?}");
     // A missing file records nothing.
     assert_eq!(read_record(&dir.path().join("none")).unwrap(), (0, Acked::default()));
 }
