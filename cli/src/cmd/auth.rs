@@ -159,16 +159,7 @@ pub async fn user(ctx: &Ctx, c: UserCmd) -> Result<u8> {
             done(f, format!("User {name} deleted"));
         }
         UserCmd::List => {
-            let users = client.user_list().await?;
-            match f {
-                Format::Json => output::json_line(&json!({ "users": users })),
-                Format::Simple => users.iter().for_each(output::line),
-                Format::Table => {
-                    let mut t = Table::new(["USER"]);
-                    users.iter().for_each(|u| t.row([u.clone()]));
-                    t.print();
-                }
-            }
+            print_names(f, "users", "USER", &client.user_list().await?);
         }
         UserCmd::Get { name } => {
             let roles = client.user_get(&name).await?;
@@ -213,16 +204,7 @@ pub async fn role(ctx: &Ctx, c: RoleCmd) -> Result<u8> {
             done(f, format!("Role {name} deleted"));
         }
         RoleCmd::List => {
-            let roles = client.role_list().await?;
-            match f {
-                Format::Json => output::json_line(&json!({ "roles": roles })),
-                Format::Simple => roles.iter().for_each(output::line),
-                Format::Table => {
-                    let mut t = Table::new(["ROLE"]);
-                    roles.iter().for_each(|r| t.row([r.clone()]));
-                    t.print();
-                }
-            }
+            print_names(f, "roles", "ROLE", &client.role_list().await?);
         }
         RoleCmd::Get { name } => {
             let perms = client.role_get(&name).await?;
@@ -296,4 +278,18 @@ pub async fn auth(ctx: &Ctx, c: AuthCmd) -> Result<u8> {
         }
     }
     Ok(0)
+}
+
+/// Prints a list of user or role names as etcdctl does: one JSON object, one name per line, or
+/// a one-column table.
+fn print_names(f: Format, json_key: &str, header: &str, names: &[String]) {
+    match f {
+        Format::Json => output::json_line(&json!({ json_key: names })),
+        Format::Simple => names.iter().for_each(output::line),
+        Format::Table => {
+            let mut t = Table::new([header]);
+            names.iter().for_each(|n| t.row([n.clone()]));
+            t.print();
+        }
+    }
 }

@@ -98,9 +98,12 @@ pub async fn keep_alive_local(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveRespon
         return Err(ProposeError::NotLeader(None).into_status());
     }
     let ttl = ctx.sm.with_leases(|t| t.get(id).map(|r| r.ttl));
-    let ttl = match ttl {
-        Some(ttl) if ctx.lease_leader.clock.lock().renew(id, ttl, Instant::now()) => ttl,
-        Some(_) => return expired_keep_alive(ctx, id).await,
+    // The clock's lock is taken and released here, never held across the wait below.
+    let renewed =
+        ttl.map(|ttl| (ttl, ctx.lease_leader.clock.lock().renew(id, ttl, Instant::now())));
+    let ttl = match renewed {
+        Some((ttl, true)) => ttl,
+        Some((_, false)) => return expired_keep_alive(ctx, id).await,
         None => 0,
     };
     Ok(LeaseKeepAliveResponse { header: Some(ctx.header(ctx.sm.revision())), id, ttl })

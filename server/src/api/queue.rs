@@ -280,13 +280,7 @@ impl Queue for QueueService {
         self.authorize(req.metadata(), &req.get_ref().queue, false).await?;
         let req = req.into_inner();
         check(queue::validate_queue(&req.queue))?;
-        if req.limit > queue::MAX_LIST {
-            return Err(Status::invalid_argument(format!(
-                "picket: limit is {}, the limit is {}",
-                req.limit,
-                queue::MAX_LIST
-            )));
-        }
+        check_list_limit(req.limit)?;
         let out = ops::inspect(&self.backend, &req.queue, req.limit as usize, now_ms())
             .await
             .map_err(|e| queue_status(&e))?;
@@ -308,13 +302,7 @@ impl Queue for QueueService {
         self.authorize(req.metadata(), &req.get_ref().queue, false).await?;
         let req = req.into_inner();
         check(queue::validate_queue(&req.queue))?;
-        if req.limit > queue::MAX_LIST {
-            return Err(Status::invalid_argument(format!(
-                "picket: limit is {}, the limit is {}",
-                req.limit,
-                queue::MAX_LIST
-            )));
-        }
+        check_list_limit(req.limit)?;
         let limit = if req.limit == 0 { DEFAULT_DEAD_LIST } else { req.limit };
         let (dead, count, rev) = ops::dead_letters(&self.backend, &req.queue, limit as usize)
             .await
@@ -340,4 +328,15 @@ impl Queue for QueueService {
             .map_err(|e| queue_status(&e))?;
         Ok(Response::new(RequeueJobResponse { header: self.header(rev) }))
     }
+}
+
+/// Refuses a listing limit above [`queue::MAX_LIST`] (Inspect, DeadLetters).
+fn check_list_limit(limit: u32) -> Result<(), Status> {
+    if limit > queue::MAX_LIST {
+        return Err(Status::invalid_argument(format!(
+            "picket: limit is {limit}, the limit is {}",
+            queue::MAX_LIST
+        )));
+    }
+    Ok(())
 }
