@@ -35,10 +35,13 @@
 //!    term this member acknowledged, and [`verify`] refuses to start if the recovered log ends
 //!    before that index or the recovered vote is older than that term. The check runs at
 //!    every start, not only after a tolerated tail.
-//! 3. The record is written and fsynced by a background thread after each acknowledgement
-//!    (coalesced: at most one write in flight), so appends pay nothing for it; it therefore
-//!    lags the acknowledgements by one small write and fsync. Entries acknowledged within that
-//!    window rest on point 1 alone. A truncation lowers the record *synchronously, before* the
+//! 3. The record is written and fsynced by a background thread, at most once per
+//!    [`RECORD_INTERVAL`] (coalesced: everything acknowledged meanwhile goes into the next
+//!    write), so appends pay nothing for it; it therefore lags the acknowledgements by up to
+//!    that interval plus one small write and fsync. Entries acknowledged within that window
+//!    rest on point 1 alone. Writing after every acknowledgement (one extra fsync per log
+//!    append on every member) doubled the fsyncs the disk served and cost single-client puts
+//!    about a fifth of their latency on a shared disk (docs/benchmarks.md, "Write path"). A truncation lowers the record *synchronously, before* the
 //!    truncating write, so the record never claims more than the log may legitimately hold.
 //! 4. The record has two slots, written alternately, each with a sequence number and a CRC: a
 //!    torn write of one slot leaves the other. A missing file (a data dir from before this
@@ -61,6 +64,12 @@ pub const ACKED_FILE: &str = "raft-acked";
 const SLOTS: [u64; 2] = [0, 512];
 const SLOT_LEN: usize = 32;
 const MAGIC: &[u8; 4] = b"PKA1";
+
+/// Least time between two background writes of the record (module docs, point 3). Safe at any
+/// value: the record only narrows what a restart accepts, and a lagging record accepts more
+/// (it never refuses a good store). 50 ms keeps the record within a few hundred writes of the
+/// log under load while adding at most 20 fsyncs a second to the disk.
+pub const RECORD_INTERVAL: Duration = Duration::from_millis(50);
 
 /// What a member acknowledged as durable: the last log index and the vote's term.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -90,8 +99,8 @@ struct Inner {
     /// The newest values to record; the writer thread catches the file up with them.
     log_index: AtomicU64,
     vote_term: AtomicU64,
-    /// Guards the file and the sequence number of the last slot written.
-    file: Mutex<(File, u64)>,
+    /// Guards the file and what was last written to it.
+    file: Mutex<RecordFile>,
     /// Wakes the writer thread (paired with `pending`).
     pending: Mutex<bool>,
     wake: Condvar,
@@ -158,7 +167,7 @@ impl AckedRecord {
             path,
             log_index: AtomicU64::new(acked.log_index),
             vote_term: AtomicU64::new(acked.vote_term),
-            file: Mutex::new((file, seq)),
+            file: Mutex::new(RecordFile { file, seq, written: acked }),
             pending: Mutex::new(false),
             wake: Condvar::new(),
         });
@@ -205,7 +214,7 @@ impl AckedRecord {
         write_slot(&mut file, self.current())
     }
 
-    fn lock_file(&self) -> std::sync::MutexGuard<'_, (File, u64)> {
+    fn lock_file(&self) -> std::sync::MutexGuard<'_, RecordFile> {
         // A poisoned lock means a writer panicked mid-write; the slot scheme tolerates a torn
         // slot, so carrying on with the file is safe.
         self.inner.file.lock().unwrap_or_else(|p| p.into_inner())
@@ -218,22 +227,33 @@ impl AckedRecord {
     }
 }
 
+/// The open record file and what its newest slot holds.
+struct RecordFile {
+    file: File,
+    /// Sequence number of the newest slot written.
+    seq: u64,
+    /// The values in the newest slot, so the writer thread skips a write that `flush` or
+    /// `before_truncate` already made.
+    written: Acked,
+}
+
 /// Writes the next slot with `acked` and fsyncs it.
-fn write_slot(file: &mut (File, u64), acked: Acked) -> std::io::Result<()> {
-    let seq = file.1 + 1;
+fn write_slot(f: &mut RecordFile, acked: Acked) -> std::io::Result<()> {
+    let seq = f.seq + 1;
     let off = SLOTS[(seq % 2) as usize];
-    file.0.seek(SeekFrom::Start(off))?;
-    file.0.write_all(&encode(seq, acked))?;
+    f.file.seek(SeekFrom::Start(off))?;
+    f.file.write_all(&encode(seq, acked))?;
     // Durability: the record is only useful once on disk (see the module docs, point 3).
     // `sync_data` suffices after the first write: the file's size no longer changes.
-    file.0.sync_data()?;
-    file.1 = seq;
+    f.file.sync_data()?;
+    f.seq = seq;
+    f.written = acked;
     Ok(())
 }
 
-/// The writer thread: catches the file up with the newest values whenever poked.
+/// The writer thread: catches the file up with the newest values whenever poked, at most once
+/// per [`RECORD_INTERVAL`].
 fn writer(weak: Weak<Inner>) {
-    let mut written = Acked::default();
     loop {
         let Some(inner) = weak.upgrade() else { return };
         {
@@ -245,19 +265,24 @@ fn writer(weak: Weak<Inner>) {
                 .unwrap_or_else(|p| p.into_inner());
             *pending = false;
         }
-        let mut file = inner.file.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Acked {
-            log_index: inner.log_index.load(Ordering::SeqCst),
-            vote_term: inner.vote_term.load(Ordering::SeqCst),
-        };
-        if now != written {
-            match write_slot(&mut file, now) {
-                Ok(()) => written = now,
-                // Retried on the next poke; until then the record lags further, which only
-                // narrows what `verify` can check, never makes it refuse a good store.
-                Err(e) => tracing::warn!(error = %e, "writing the acknowledged-position record"),
+        {
+            let mut file = inner.file.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Acked {
+                log_index: inner.log_index.load(Ordering::SeqCst),
+                vote_term: inner.vote_term.load(Ordering::SeqCst),
+            };
+            if now != file.written {
+                if let Err(e) = write_slot(&mut file, now) {
+                    // Retried on the next poke; until then the record lags further, which only
+                    // narrows what `verify` can check, never makes it refuse a good store.
+                    tracing::warn!(error = %e, "writing the acknowledged-position record");
+                }
             }
         }
+        // Not holding a strong reference while pacing, so dropping every handle ends the thread
+        // within one interval.
+        drop(inner);
+        std::thread::sleep(RECORD_INTERVAL);
     }
 }
 
