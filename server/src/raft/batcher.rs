@@ -29,6 +29,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use futures::FutureExt;
 use parking_lot::Mutex;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
@@ -60,6 +61,56 @@ pub const MAX_IN_FLIGHT: usize = 1;
 pub trait EntrySink: Send + Sync + 'static {
     /// Proposes one entry and resolves with its applied result.
     fn write(&self, cmd: Command) -> BoxFuture<'static, Result<CommandResult, ProposeError>>;
+}
+
+/// Where a batcher's groups of commands go, with one outcome per command, in order. Every
+/// [`EntrySink`] is one (a group becomes one Raft entry); a follower's forwarding to the leader
+/// (`super::forward`) is another (a group becomes one ForwardBatch RPC).
+pub trait BatchSink: Send + Sync + 'static {
+    /// Sends `cmds` and resolves with exactly one outcome per command, in the same order.
+    fn send(
+        &self,
+        cmds: Vec<RaftCommand>,
+    ) -> BoxFuture<'static, Vec<Result<CommandResult, ProposeError>>>;
+}
+
+impl<S: EntrySink> BatchSink for S {
+    fn send(
+        &self,
+        mut cmds: Vec<RaftCommand>,
+    ) -> BoxFuture<'static, Vec<Result<CommandResult, ProposeError>>> {
+        let n = cmds.len();
+        if n == 1 {
+            // A batch of one is the plain command, so an idle cluster writes the log it wrote
+            // before batching existed.
+            let write = self.write(Command(cmds.remove(0)));
+            return async move { vec![write.await] }.boxed();
+        }
+        let entry = Command(RaftCommand { cmd: Some(Cmd::Batch(CommandBatch { commands: cmds })) });
+        tracing::trace!(commands = n, "proposing batch");
+        let write = self.write(entry);
+        async move {
+            match write.await {
+                Ok(CommandResult { result: Some(CmdResult::Batch(BatchResult { results })) })
+                    if results.len() == n =>
+                {
+                    results.into_iter().map(Ok).collect()
+                }
+                Ok(other) => {
+                    // Apply answers a batch with one result per command; anything else is a
+                    // bug. The commands were applied, so the callers must not retry: report a
+                    // non-retryable error rather than a retryable one.
+                    tracing::error!(commands = n, result = ?other.result, "malformed batch result");
+                    let status = Status::internal(format!(
+                        "picket: a batch of {n} commands was applied but its result is malformed"
+                    ));
+                    vec![Err(ProposeError::Remote(status)); n]
+                }
+                Err(e) => vec![Err(e); n],
+            }
+        }
+        .boxed()
+    }
 }
 
 /// The batcher's bounds.
@@ -113,7 +164,7 @@ impl<S> Clone for ProposalBatcher<S> {
     }
 }
 
-impl<S: EntrySink> ProposalBatcher<S> {
+impl<S: BatchSink> ProposalBatcher<S> {
     pub fn new(sink: S, limits: Limits) -> Self {
         // Zero would never propose anything; treat it as one.
         let limits = Limits {
@@ -142,7 +193,7 @@ impl<S: EntrySink> ProposalBatcher<S> {
 }
 
 /// Starts entries while fewer than `max_in_flight` are in flight and commands are queued.
-fn pump<S: EntrySink>(shared: &Arc<Shared<S>>) {
+fn pump<S: BatchSink>(shared: &Arc<Shared<S>>) {
     let mut ready = Vec::new();
     {
         let mut s = shared.state.lock();
@@ -199,16 +250,8 @@ fn take_batch(queue: &mut VecDeque<Pending>, limits: &Limits) -> Vec<Pending> {
     batch
 }
 
-/// Proposes one entry for `batch` and answers each caller with its own result.
-async fn run<S: EntrySink>(sink: &S, mut batch: Vec<Pending>) {
-    if batch.len() == 1 {
-        if let Some(p) = batch.pop() {
-            let result = sink.write(Command(p.cmd)).await;
-            // A caller that gave up dropped its receiver; nothing to do for it.
-            let _ = p.reply.send(result);
-        }
-        return;
-    }
+/// Sends `batch` through the sink and answers each caller with its own outcome.
+async fn run<S: BatchSink>(sink: &S, batch: Vec<Pending>) {
     let n = batch.len();
     let mut replies = Vec::with_capacity(n);
     let mut commands = Vec::with_capacity(n);
@@ -216,33 +259,19 @@ async fn run<S: EntrySink>(sink: &S, mut batch: Vec<Pending>) {
         replies.push(p.reply);
         commands.push(p.cmd);
     }
-    let entry = Command(RaftCommand { cmd: Some(Cmd::Batch(CommandBatch { commands })) });
-    tracing::trace!(commands = n, "proposing batch");
-    match sink.write(entry).await {
-        Ok(CommandResult { result: Some(CmdResult::Batch(BatchResult { results })) })
-            if results.len() == n =>
-        {
-            for (reply, result) in replies.into_iter().zip(results) {
-                let _ = reply.send(Ok(result));
-            }
+    let outcomes = sink.send(commands).await;
+    if outcomes.len() != n {
+        // A sink answers every command; anything else is a bug. Whether the commands were
+        // applied is unknown, so report the indeterminate outcome, never a retryable one.
+        tracing::error!(commands = n, outcomes = outcomes.len(), "batch sink miscounted");
+        for reply in replies {
+            let _ = reply.send(Err(ProposeError::Timeout));
         }
-        Ok(other) => {
-            // Apply answers a batch with one result per command; anything else is a bug. The
-            // commands were applied, so the callers must not retry: report a non-retryable
-            // error rather than a retryable one.
-            tracing::error!(commands = n, result = ?other.result, "malformed batch result");
-            let status = Status::internal(format!(
-                "picket: a batch of {n} commands was applied but its result is malformed"
-            ));
-            for reply in replies {
-                let _ = reply.send(Err(ProposeError::Remote(status.clone())));
-            }
-        }
-        Err(e) => {
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
-            }
-        }
+        return;
+    }
+    for (reply, outcome) in replies.into_iter().zip(outcomes) {
+        // A caller that gave up dropped its receiver; nothing to do for it.
+        let _ = reply.send(outcome);
     }
 }
 

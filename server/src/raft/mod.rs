@@ -4,6 +4,7 @@
 
 pub mod batcher;
 pub mod bootstrap;
+pub mod forward;
 pub mod identity;
 pub mod member_tasks;
 pub mod membership;

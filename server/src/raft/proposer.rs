@@ -23,13 +23,14 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
 use parking_lot::Mutex;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
-use picket_proto::picket::raft::v1::{CommandResult, ForwardRequest, ReadIndexRequest};
+use picket_proto::picket::raft::v1::{CommandResult, ReadIndexRequest};
 use thiserror::Error;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::batcher::{EntrySink, Limits, ProposalBatcher};
+use super::forward::{Forwarder, LeaderLink};
 use super::network::peer_channel;
 use super::read_index::{ReadIndexBatcher, ReadIndexSource};
 use super::types::{Command, NodeId, Raft};
@@ -37,7 +38,7 @@ use crate::tls::PeerDialer;
 
 /// Marker at the start of the status message a member returns when it refused a forwarded
 /// request because it is not the leader. The request was not appended, so it is safe to retry.
-const NOT_LEADER: &str = "picket: not leader";
+pub(super) const NOT_LEADER: &str = "picket: not leader";
 
 /// Pause between attempts while the cluster has no known leader. Short, because an election
 /// takes a few hundred milliseconds; bounded overall by the request deadline.
@@ -106,6 +107,9 @@ struct Inner {
     leader_reads: ReadIndexBatcher<LeaderReads>,
     /// Group commit of this member's proposals (see [`super::batcher`]).
     writes: ProposalBatcher<LocalWrites>,
+    /// Grouped forwarding of proposals to the leader while another member leads
+    /// ([`super::forward`]).
+    forwards: ProposalBatcher<Forwarder<Inner>>,
 }
 
 impl Proposer {
@@ -123,6 +127,10 @@ impl Proposer {
             local_reads: ReadIndexBatcher::new(LocalReads(me.clone())),
             leader_reads: ReadIndexBatcher::new(LeaderReads(me.clone())),
             writes: ProposalBatcher::new(LocalWrites(me.clone()), batch_limits()),
+            forwards: ProposalBatcher::new(
+                Forwarder(me.clone()),
+                Limits { max_in_flight: super::forward::MAX_IN_FLIGHT, ..Limits::default() },
+            ),
         });
         Self { inner }
     }
@@ -194,25 +202,14 @@ impl Proposer {
         loop {
             match self.propose_local(cmd.clone()).await {
                 Err(ProposeError::NotLeader(Some(leader))) if leader != self.inner.node_id => {
-                    let Some(mut client) = self.peer_client(leader) else {
-                        tokio::time::sleep(NO_LEADER_BACKOFF).await;
-                        continue;
-                    };
-                    let req = ForwardRequest { command: Some(cmd.0.clone()) };
-                    match client.forward(req).await {
-                        Ok(resp) => return Ok(resp.into_inner()),
-                        // Retry: the leader refused before appending, or the connection was
-                        // never made, so the request cannot have been applied.
-                        Err(s) if s.message().starts_with(NOT_LEADER) || never_sent(&s) => {
+                    // Grouped with concurrent forwarded proposals into one RPC to the leader.
+                    match self.inner.forwards.propose(cmd.clone()).await {
+                        // Refused before appending, or never sent: safe to retry after a pause
+                        // in which the cluster settles on a leader.
+                        Err(ProposeError::NotLeader(_)) => {
                             tokio::time::sleep(NO_LEADER_BACKOFF).await;
                         }
-                        Err(s) if s.code() == Code::Unavailable || s.code() == Code::Unknown => {
-                            // The connection broke after the request may have reached the
-                            // leader: the outcome is unknown, so do not retry.
-                            tracing::warn!(node_id = leader, error = %s, "forwarded proposal failed");
-                            return Err(ProposeError::Timeout);
-                        }
-                        Err(s) => return Err(ProposeError::Remote(s)),
+                        other => return other,
                     }
                 }
                 Err(ProposeError::NotLeader(_)) => {
@@ -289,6 +286,20 @@ impl Proposer {
     /// The peer URL of `node_id` according to the current membership, with a cached client.
     fn peer_client(&self, node_id: NodeId) -> Option<RaftServiceClient<Channel>> {
         self.inner.peer_client(node_id)
+    }
+}
+
+impl LeaderLink for Inner {
+    fn leader(&self) -> Option<RaftServiceClient<Channel>> {
+        let leader = self.raft.metrics().borrow().current_leader?;
+        if leader == self.node_id {
+            return None;
+        }
+        self.peer_client(leader)
+    }
+
+    fn timeout(&self) -> Duration {
+        self.request_timeout
     }
 }
 
@@ -462,7 +473,7 @@ impl ReadIndexSource for LeaderReads {
 }
 
 /// True when tonic failed before the request left this node (no connection could be made).
-fn never_sent(s: &Status) -> bool {
+pub(super) fn never_sent(s: &Status) -> bool {
     use std::error::Error as _;
     let mut source = s.source();
     while let Some(e) = source {

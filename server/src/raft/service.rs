@@ -8,7 +8,8 @@ use picket_proto::etcdserverpb::{
 };
 use picket_proto::picket::raft::v1::raft_service_server::RaftService;
 use picket_proto::picket::raft::v1::{
-    CommandResult, ForwardRequest, RaftPayload, ReadIndexRequest, ReadIndexResponse,
+    CommandResult, ForwardBatchRequest, ForwardBatchResponse, ForwardRequest, RaftPayload,
+    ReadIndexRequest, ReadIndexResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -90,6 +91,17 @@ impl RaftService for PeerService {
             Ok(result) => Ok(Response::new(result)),
             Err(e) => Err(ProposeError::into_status(e)),
         }
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(commands = req.get_ref().commands.len()))]
+    async fn forward_batch(
+        &self,
+        req: Request<ForwardBatchRequest>,
+    ) -> Result<Response<ForwardBatchResponse>, Status> {
+        // Like `forward`, each command is proposed only locally, never forwarded again.
+        let commands = req.into_inner().commands;
+        let outcomes = super::forward::serve_group(&self.proposer, commands).await;
+        Ok(Response::new(ForwardBatchResponse { outcomes }))
     }
 
     #[tracing::instrument(level = "debug", skip_all)]

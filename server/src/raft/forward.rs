@@ -1,0 +1,213 @@
+//! Forwarding from followers, grouped: concurrent proposals that reach a follower travel to the
+//! leader together, one `ForwardBatch` RPC per group instead of one `Forward` RPC per command.
+//!
+//! Two thirds of a three-member cluster's clients talk to a follower, and a unary gRPC call
+//! costs both ends far more CPU than the command it carries (HTTP/2 framing, header
+//! encoding, a task per stream). The follower queues forwarded commands in a
+//! [`ProposalBatcher`] whose sink is one RPC per group; the leader proposes each command of the
+//! group as if it had been forwarded alone (so they join its own group commit) and answers one
+//! outcome per command, in order.
+//!
+//! # Outcomes
+//!
+//! Each caller keeps the single-command rules: a "not leader" outcome (the leader refused the
+//! command before appending it) or an RPC that never left this member is safe to retry; a
+//! connection that broke after sending, or a group that outlived the request timeout, leaves
+//! the outcome unknown and is never retried.
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use futures::future::{join_all, BoxFuture};
+use futures::FutureExt;
+use picket_proto::picket::raft::v1::forward_outcome::Outcome;
+use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
+use picket_proto::picket::raft::v1::{
+    CommandError, CommandResult, ForwardBatchRequest, ForwardOutcome, ForwardRequest, RaftCommand,
+};
+use tonic::transport::Channel;
+use tonic::{Code, Status};
+
+use super::batcher::BatchSink;
+use super::proposer::{never_sent, ProposeError, Proposer, NOT_LEADER};
+use super::types::Command;
+
+/// Groups in flight from one follower at once. Two, so that while one group is at the leader
+/// (inside its current entry) the next one is already queued there for the following entry;
+/// with one, commands arriving meanwhile would reach the leader only after its next entry
+/// started and wait a whole entry longer.
+pub const MAX_IN_FLIGHT: usize = 2;
+
+/// How a forwarding member reaches the leader; the proposer implements it.
+pub trait LeaderLink: Send + Sync + 'static {
+    /// A client for the current leader, or `None` when no other member is known to lead.
+    fn leader(&self) -> Option<RaftServiceClient<Channel>>;
+    /// The bound on one group's round trip: the request timeout.
+    fn timeout(&self) -> Duration;
+}
+
+/// The follower's batch sink: one `ForwardBatch` RPC to the current leader per group.
+pub struct Forwarder<L>(pub Weak<L>);
+
+impl<L: LeaderLink> BatchSink for Forwarder<L> {
+    fn send(
+        &self,
+        cmds: Vec<RaftCommand>,
+    ) -> BoxFuture<'static, Vec<Result<CommandResult, ProposeError>>> {
+        let link = self.0.upgrade();
+        async move {
+            let n = cmds.len();
+            let Some(link) = link else { return vec![Err(ProposeError::Stopped); n] };
+            // No leader known (or this member just became it): nothing was sent, so every
+            // caller may retry, and will find the leader (or propose locally) next time.
+            let Some(client) = link.leader() else {
+                return vec![Err(ProposeError::NotLeader(None)); n];
+            };
+            // Bounded so a stalled connection cannot hold an in-flight slot (and every command
+            // queued behind it) forever. Safe: the callers' own deadlines are no longer than
+            // this, and a group that times out is reported indeterminate, never retried.
+            match tokio::time::timeout(link.timeout(), forward_group(client, cmds)).await {
+                Ok(outcomes) => outcomes,
+                Err(_) => vec![Err(ProposeError::Timeout); n],
+            }
+        }
+        .boxed()
+    }
+}
+
+async fn forward_group(
+    mut client: RaftServiceClient<Channel>,
+    cmds: Vec<RaftCommand>,
+) -> Vec<Result<CommandResult, ProposeError>> {
+    let n = cmds.len();
+    let fallback = (n > 1).then(|| cmds.clone());
+    match client.forward_batch(ForwardBatchRequest { commands: cmds }).await {
+        Ok(resp) => {
+            let outcomes = resp.into_inner().outcomes;
+            if outcomes.len() != n {
+                // The commands reached the leader, so their outcome is unknown: never retried.
+                tracing::error!(commands = n, outcomes = outcomes.len(), "malformed forward reply");
+                return vec![Err(ProposeError::Timeout); n];
+            }
+            outcomes.into_iter().map(from_outcome).collect()
+        }
+        // A leader from before ForwardBatch (a rolling upgrade): it refused the RPC without
+        // looking at the commands, so forwarding them one by one is safe.
+        Err(s) if s.code() == Code::Unimplemented => {
+            let cmds = fallback.unwrap_or_default();
+            join_all(cmds.into_iter().map(|c| {
+                let mut client = client.clone();
+                async move {
+                    match client.forward(ForwardRequest { command: Some(c) }).await {
+                        Ok(r) => Ok(r.into_inner()),
+                        Err(s) => Err(rpc_failure(s)),
+                    }
+                }
+            }))
+            .await
+        }
+        Err(s) => vec![Err(rpc_failure(s)); n],
+    }
+}
+
+/// What a failed forwarding RPC means for each command it carried.
+fn rpc_failure(s: Status) -> ProposeError {
+    if s.message().starts_with(NOT_LEADER) || never_sent(&s) {
+        // The leader refused before appending, or the request never left: safe to retry.
+        ProposeError::NotLeader(None)
+    } else if s.code() == Code::Unavailable || s.code() == Code::Unknown {
+        // The connection broke after the request may have reached the leader.
+        tracing::warn!(error = %s, "forwarded proposal failed");
+        ProposeError::Timeout
+    } else {
+        ProposeError::Remote(s)
+    }
+}
+
+/// A leader's outcome for one forwarded command, as the follower's caller sees it.
+fn from_outcome(o: ForwardOutcome) -> Result<CommandResult, ProposeError> {
+    match o.outcome {
+        Some(Outcome::Result(r)) => Ok(r),
+        Some(Outcome::Error(e)) => {
+            let s = Status::new(Code::from_i32(e.code as i32), e.message);
+            if s.message().starts_with(NOT_LEADER) {
+                Err(ProposeError::NotLeader(None))
+            } else {
+                Err(ProposeError::Remote(s))
+            }
+        }
+        // The leader always sets one; an empty outcome leaves the command's fate unknown.
+        None => Err(ProposeError::Timeout),
+    }
+}
+
+/// On the leader: proposes every forwarded command locally, concurrently and in order (so they
+/// queue for the leader's group commit in the follower's order), and answers one outcome each.
+pub async fn serve_group(proposer: &Proposer, cmds: Vec<RaftCommand>) -> Vec<ForwardOutcome> {
+    join_all(cmds.into_iter().map(|c| proposer.propose_local(Command(c))))
+        .await
+        .into_iter()
+        .map(|r| ForwardOutcome {
+            outcome: Some(match r {
+                Ok(result) => Outcome::Result(result),
+                Err(e) => {
+                    let s = e.into_status();
+                    Outcome::Error(CommandError {
+                        code: s.code() as u32,
+                        message: s.message().to_string(),
+                    })
+                }
+            }),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_keep_the_single_forward_rules() {
+        let applied = CommandResult::default();
+        let ok = ForwardOutcome { outcome: Some(Outcome::Result(applied.clone())) };
+        assert_eq!(from_outcome(ok).unwrap(), applied);
+
+        let refused = ForwardOutcome {
+            outcome: Some(Outcome::Error(CommandError {
+                code: Code::Unavailable as u32,
+                message: ProposeError::NotLeader(None).to_string(),
+            })),
+        };
+        assert!(matches!(from_outcome(refused), Err(ProposeError::NotLeader(None))));
+
+        let failed = ForwardOutcome {
+            outcome: Some(Outcome::Error(CommandError {
+                code: Code::InvalidArgument as u32,
+                message: "picket: bad".into(),
+            })),
+        };
+        match from_outcome(failed) {
+            Err(ProposeError::Remote(s)) => {
+                assert_eq!(s.code(), Code::InvalidArgument);
+                assert_eq!(s.message(), "picket: bad");
+            }
+            other => panic!("expected a remote error, got {other:?}"),
+        }
+        assert!(matches!(
+            from_outcome(ForwardOutcome { outcome: None }),
+            Err(ProposeError::Timeout)
+        ));
+    }
+
+    #[test]
+    fn rpc_failures_are_retried_only_when_nothing_was_appended() {
+        let not_leader = Status::unavailable(ProposeError::NotLeader(None).to_string());
+        assert!(matches!(rpc_failure(not_leader), ProposeError::NotLeader(None)));
+        assert!(matches!(rpc_failure(Status::unavailable("broken pipe")), ProposeError::Timeout));
+        assert!(matches!(rpc_failure(Status::unknown("reset")), ProposeError::Timeout));
+        assert!(matches!(
+            rpc_failure(Status::resource_exhausted("too big")),
+            ProposeError::Remote(_)
+        ));
+    }
+}
