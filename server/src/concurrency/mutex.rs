@@ -106,7 +106,27 @@ pub(crate) async fn wait_turn<B: Backend>(
     // Subscribe before reading, so a delete applied between the read and the wait is in the
     // feed: every event after the read's revision arrives here.
     let mut feed = b.subscribe();
+    // Set when this member's applied feed just showed the predecessor's (or our key's) delete.
+    let mut woken = false;
     loop {
+        if std::mem::take(&mut woken) {
+            // The hand-off fast path: read this member's own applied state, which includes the
+            // delete that woke us (events are published after their batch is applied). If our
+            // key is the oldest there, it was the oldest, and live, at a committed revision
+            // reached after this call began, so granting at that revision is linearizable (the
+            // grant takes effect then) and the response header names it, as the linearizable
+            // read's would. It saves the ReadIndex round on every contended hand-off. Anything
+            // else (an older key still there, ours gone) falls through to the linearizable
+            // reads below, which decide.
+            let mut local = first_by_create(&prefix, SortOrder::Ascend, 0);
+            local.serializable = true;
+            let owner = b.range(local).await?;
+            if let Some(kv) = owner.kvs.first() {
+                if kv.key == key && kv.create_revision == rev {
+                    return Ok(owner.header);
+                }
+            }
+        }
         let owner = b.range(first_by_create(&prefix, SortOrder::Ascend, 0)).await?;
         match owner.kvs.first() {
             // Ownership is proven by a linearizable read that still sees our key: its lease was
@@ -136,6 +156,7 @@ pub(crate) async fn wait_turn<B: Backend>(
                         }
                         let Some(kv) = &ev.kv else { continue };
                         if kv.key == pred_kv.key || kv.key == key {
+                            woken = true;
                             break 'wait;
                         }
                     }
