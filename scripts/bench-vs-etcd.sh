@@ -50,17 +50,32 @@ start_cluster() { # kind base_port
     pids+=($!)
   done
 }
-start_cluster picket 41000
+# Base ports below the kernel's ephemeral range (32768-60999 by default): a port inside it can be
+# taken by an outgoing connection's source port (a TIME-WAIT self-connection once kept a member
+# from binding its client port, and the run then counted its clients' failures as errors).
+PB=21000
+EB=22000
+start_cluster picket $PB
 picket_pids=("${pids[@]}")
-start_cluster etcd 42000
+start_cluster etcd $EB
 etcd_pids=("${pids[@]:3}")
 eps() { echo "http://127.0.0.1:$(($1 + 10)),http://127.0.0.1:$(($1 + 20)),http://127.0.0.1:$(($1 + 30))"; }
 # Wait (bounded: 60 x 0.5 s) until both clusters commit a write.
-for base in 41000 42000; do
+for base in $PB $EB; do
   for _ in $(seq 60); do
     ETCDCTL_API=3 etcdctl --endpoints="$(eps $base)" put ready 1 >/dev/null 2>&1 && break
     sleep 0.5
   done
+done
+# Every member must answer before anything is measured: a member that failed to start would
+# otherwise show up only as client errors in the figures. Bounded: 20 x 0.5 s per member.
+for ep in $(eps $PB | tr , ' ') $(eps $EB | tr , ' '); do
+  ok=""
+  for _ in $(seq 20); do
+    ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
+    sleep 0.5
+  done
+  [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -20 "$root"/*-n*.log >&2; exit 1; }
 done
 # True when the workload is selected (BENCH_ONLY unset or naming it, or naming its family:
 # "put" selects put-1 and put-64).
@@ -87,8 +102,8 @@ run() { # name workload clients conns [rss]
   want "$1" || return 0
   local kind base line rss_pid rss
   for kind in picket etcd; do
-    base=41000; p=("${picket_pids[@]}")
-    [ "$kind" = etcd ] && { base=42000; p=("${etcd_pids[@]}"); }
+    base=$PB; p=("${picket_pids[@]}")
+    [ "$kind" = etcd ] && { base=$EB; p=("${etcd_pids[@]}"); }
     printf '%-7s ' "$kind"
     rss_pid=""
     if [ -n "${5:-}" ]; then
@@ -121,8 +136,8 @@ for r in $(seq "$rounds"); do
   # lease-hold: the bench samples the servers' CPU (from /proc) over its measured window only,
   # not over granting and revoking the 2,000 leases.
   want lease-hold && for kind in picket etcd; do
-    base=41000; p=("${picket_pids[@]}")
-    [ "$kind" = etcd ] && { base=42000; p=("${etcd_pids[@]}"); }
+    base=$PB; p=("${picket_pids[@]}")
+    [ "$kind" = etcd ] && { base=$EB; p=("${etcd_pids[@]}"); }
     printf '%-7s ' "$kind"
     "$bin/picket-bench" --endpoints "$(eps $base)" --workload lease-hold --leases 2000 \
       --keepalive-interval 3 --conns 4 --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" \
@@ -132,8 +147,8 @@ for r in $(seq "$rounds"); do
   for w in 1 16 100 1000; do
     want watch || break
     for kind in picket etcd; do
-      base=41000
-      [ "$kind" = etcd ] && base=42000
+      base=$PB
+      [ "$kind" = etcd ] && base=$EB
       printf '%-7s ' "$kind"
       "$bin/picket-bench" --endpoints "$(eps $base)" --workload watch --watchers "$w" \
         --put-rate 50 --conns 8 --seconds "$secs" || echo "failed (exit $?)"
@@ -150,15 +165,17 @@ for row in open(sys.argv[1]):
     m = {k: v for k, v in re.findall(r"([\w/]+)=([\d.]+)", line)}
     if "ops/s" not in m:
         continue
-    r = runs.setdefault(name, {}).setdefault(kind, {"ops": [], "p50": [], "p99": [], "rss": []})
+    r = runs.setdefault(name, {}).setdefault(
+        kind, {"ops": [], "p50": [], "p99": [], "rss": [], "errors": 0})
+    r["errors"] += int(float(m.get("errors", 0)))
     r["ops"].append(float(m["ops/s"]))
     r["p50"].append(float(m["p50"]))
     r["p99"].append(float(m["p99"]))
     if rss:
         r["rss"].append(int(rss) / 1024)
 med = lambda xs: statistics.median(xs) if xs else float("nan")
-print("| workload | rounds | Picket ops/s | etcd ops/s | ratio | Picket p50 / p99 ms | etcd p50 / p99 ms | p99 ratio | RSS MiB Picket / etcd |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| workload | rounds | Picket ops/s | etcd ops/s | ratio | Picket p50 / p99 ms | etcd p50 / p99 ms | p99 ratio | RSS MiB Picket / etcd | errors Picket / etcd |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for name, kinds in runs.items():
     p, e = kinds.get("picket"), kinds.get("etcd")
     if not p or not e:
@@ -168,5 +185,6 @@ for name, kinds in runs.items():
         rss = f"{med(p['rss']):.0f} / {med(e['rss']):.0f}"
     print(f"| {name} | {len(p['ops'])} | {med(p['ops']):,.0f} | {med(e['ops']):,.0f} | "
           f"{med(p['ops']) / med(e['ops']):.2f} | {med(p['p50']):.2f} / {med(p['p99']):.2f} | "
-          f"{med(e['p50']):.2f} / {med(e['p99']):.2f} | {med(p['p99']) / med(e['p99']):.2f} | {rss} |")
+          f"{med(e['p50']):.2f} / {med(e['p99']):.2f} | {med(p['p99']) / med(e['p99']):.2f} | {rss} | "
+          f"{p['errors']} / {e['errors']} |")
 PY
