@@ -15,11 +15,12 @@
 //! connection that broke after sending, or a group that outlived the request timeout, leaves
 //! the outcome unknown and is never retried.
 
-use std::sync::Weak;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use futures::future::{join_all, BoxFuture};
 use futures::FutureExt;
+use parking_lot::Mutex;
 use picket_proto::picket::raft::v1::forward_outcome::Outcome;
 use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
 use picket_proto::picket::raft::v1::{
@@ -46,15 +47,31 @@ pub trait LeaderLink: Send + Sync + 'static {
     fn timeout(&self) -> Duration;
 }
 
+/// How long a follower forwards command by command after a leader answered `ForwardBatch`
+/// with Unimplemented (a leader from before it, during a rolling upgrade). After that it tries
+/// `ForwardBatch` again, so an upgraded leader is used fully within a minute.
+const LEGACY_FORWARD_FOR: Duration = Duration::from_secs(60);
+
 /// The follower's batch sink: one `ForwardBatch` RPC to the current leader per group.
-pub struct Forwarder<L>(pub Weak<L>);
+pub struct Forwarder<L> {
+    link: Weak<L>,
+    /// Until when to use the single-command `Forward` RPC (see [`LEGACY_FORWARD_FOR`]).
+    legacy_until: Arc<Mutex<Option<Instant>>>,
+}
+
+impl<L> Forwarder<L> {
+    pub fn new(link: Weak<L>) -> Self {
+        Self { link, legacy_until: Arc::default() }
+    }
+}
 
 impl<L: LeaderLink> BatchSink for Forwarder<L> {
     fn send(
         &self,
         cmds: Vec<RaftCommand>,
     ) -> BoxFuture<'static, Vec<Result<CommandResult, ProposeError>>> {
-        let link = self.0.upgrade();
+        let link = self.link.upgrade();
+        let legacy_until = self.legacy_until.clone();
         async move {
             let n = cmds.len();
             let Some(link) = link else { return vec![Err(ProposeError::Stopped); n] };
@@ -66,7 +83,15 @@ impl<L: LeaderLink> BatchSink for Forwarder<L> {
             // Bounded so a stalled connection cannot hold an in-flight slot (and every command
             // queued behind it) forever. Safe: the callers' own deadlines are no longer than
             // this, and a group that times out is reported indeterminate, never retried.
-            match tokio::time::timeout(link.timeout(), forward_group(client, cmds)).await {
+            let legacy = legacy_until.lock().is_some_and(|t| Instant::now() < t);
+            let group = async {
+                if legacy {
+                    forward_one_by_one(client, cmds).await
+                } else {
+                    forward_group(client, cmds, &legacy_until).await
+                }
+            };
+            match tokio::time::timeout(link.timeout(), group).await {
                 Ok(outcomes) => outcomes,
                 Err(_) => vec![Err(ProposeError::Timeout); n],
             }
@@ -78,9 +103,9 @@ impl<L: LeaderLink> BatchSink for Forwarder<L> {
 async fn forward_group(
     mut client: RaftServiceClient<Channel>,
     cmds: Vec<RaftCommand>,
+    legacy_until: &Mutex<Option<Instant>>,
 ) -> Vec<Result<CommandResult, ProposeError>> {
     let n = cmds.len();
-    let fallback = (n > 1).then(|| cmds.clone());
     match client.forward_batch(ForwardBatchRequest { commands: cmds }).await {
         Ok(resp) => {
             let outcomes = resp.into_inner().outcomes;
@@ -91,23 +116,33 @@ async fn forward_group(
             }
             outcomes.into_iter().map(from_outcome).collect()
         }
-        // A leader from before ForwardBatch (a rolling upgrade): it refused the RPC without
-        // looking at the commands, so forwarding them one by one is safe.
+        // A leader from before ForwardBatch (a rolling upgrade) refused the RPC without looking
+        // at the commands: nothing was appended, so the callers retry (they keep their
+        // commands), and meanwhile this follower forwards one command per RPC.
         Err(s) if s.code() == Code::Unimplemented => {
-            let cmds = fallback.unwrap_or_default();
-            join_all(cmds.into_iter().map(|c| {
-                let mut client = client.clone();
-                async move {
-                    match client.forward(ForwardRequest { command: Some(c) }).await {
-                        Ok(r) => Ok(r.into_inner()),
-                        Err(s) => Err(rpc_failure(s)),
-                    }
-                }
-            }))
-            .await
+            tracing::info!("leader lacks ForwardBatch; forwarding one command per RPC for a while");
+            *legacy_until.lock() = Some(Instant::now() + LEGACY_FORWARD_FOR);
+            vec![Err(ProposeError::NotLeader(None)); n]
         }
         Err(s) => vec![Err(rpc_failure(s)); n],
     }
+}
+
+/// Forwarding as before `ForwardBatch`: one `Forward` RPC per command, concurrently.
+async fn forward_one_by_one(
+    client: RaftServiceClient<Channel>,
+    cmds: Vec<RaftCommand>,
+) -> Vec<Result<CommandResult, ProposeError>> {
+    join_all(cmds.into_iter().map(|c| {
+        let mut client = client.clone();
+        async move {
+            match client.forward(ForwardRequest { command: Some(c) }).await {
+                Ok(r) => Ok(r.into_inner()),
+                Err(s) => Err(rpc_failure(s)),
+            }
+        }
+    }))
+    .await
 }
 
 /// What a failed forwarding RPC means for each command it carried.

@@ -128,7 +128,7 @@ impl Proposer {
             leader_reads: ReadIndexBatcher::new(LeaderReads(me.clone())),
             writes: ProposalBatcher::new(LocalWrites(me.clone()), batch_limits()),
             forwards: ProposalBatcher::new(
-                Forwarder(me.clone()),
+                Forwarder::new(me.clone()),
                 Limits { max_in_flight: super::forward::MAX_IN_FLIGHT, ..Limits::default() },
             ),
         });
