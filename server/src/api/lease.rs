@@ -109,9 +109,6 @@ pub async fn keep_alive_local(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveRespon
     Ok(LeaseKeepAliveResponse { header: Some(ctx.header(ctx.sm.revision())), id, ttl })
 }
 
-/// How often a keep-alive for an expired lease checks whether its revoke has applied.
-const REVOKE_POLL: Duration = Duration::from_millis(20);
-
 /// A keep-alive that arrived after the lease's deadline on this leader: its revoke is proposed
 /// (or about to be) and will apply, so answer "not found" once it has, as etcd does. Bounded by
 /// the request timeout; if leadership moves first the answer is "not leader" and the client
@@ -120,6 +117,10 @@ const REVOKE_POLL: Duration = Duration::from_millis(20);
 /// entries (its read index covers them).
 async fn expired_keep_alive(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
     let deadline = Instant::now() + ctx.proposer.request_timeout();
+    // Raft's metrics change whenever this member applies an entry or its role changes, so
+    // waiting on them wakes this call for exactly the events that can end it (the revoke
+    // applied, leadership lost), with no polling interval.
+    let mut metrics = ctx.proposer.raft().metrics();
     loop {
         if ctx.sm.with_leases(|t| t.get(id).is_none()) {
             let header = Some(ctx.header(ctx.sm.revision()));
@@ -131,7 +132,11 @@ async fn expired_keep_alive(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveResponse
         if Instant::now() >= deadline {
             return Err(ProposeError::Timeout.into_status());
         }
-        tokio::time::sleep(REVOKE_POLL).await;
+        // Bounded by the request deadline: the next pass then answers Timeout.
+        match tokio::time::timeout_at(deadline, metrics.changed()).await {
+            Ok(Ok(())) | Err(_) => {}
+            Ok(Err(_)) => return Err(ProposeError::Stopped.into_status()),
+        }
     }
 }
 
