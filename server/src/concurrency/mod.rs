@@ -7,7 +7,12 @@
 //! when it is deleted, so hand-off is FIFO and happens as soon as the releasing delete is applied
 //! (no polling timer). What Picket adds: a waiter whose key vanished (its lease expired or was
 //! revoked while it waited) gets an error, never the lock, and cancelling a waiting call removes
-//! its key.
+//! its key. A hand-off is decided from the waiter's member's applied state (see
+//! `mutex::wait_turn`), so "vanished" means vanished at a revision that member had applied: a
+//! grant names the revision at which the key was the oldest live one. A key that died in an
+//! entry the member had not applied yet can still be granted (at that earlier revision, which
+//! is linearizable); its holder's keep-alive then fails and `mutex::wait_lost` reports the loss
+//! at once, and fenced writes with its token are refused.
 //!
 //! The module talks to the store only through [`Backend`], so it knows nothing of Raft or gRPC
 //! services.
