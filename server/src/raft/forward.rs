@@ -80,9 +80,6 @@ impl<L: LeaderLink> BatchSink for Forwarder<L> {
             let Some(client) = link.leader() else {
                 return vec![Err(ProposeError::NotLeader(None)); n];
             };
-            // Bounded so a stalled connection cannot hold an in-flight slot (and every command
-            // queued behind it) forever. Safe: the callers' own deadlines are no longer than
-            // this, and a group that times out is reported indeterminate, never retried.
             let legacy = legacy_until.lock().is_some_and(|t| Instant::now() < t);
             let group = async {
                 if legacy {
@@ -91,6 +88,9 @@ impl<L: LeaderLink> BatchSink for Forwarder<L> {
                     forward_group(client, cmds, &legacy_until).await
                 }
             };
+            // Bounded so a stalled connection cannot hold an in-flight slot (and every command
+            // queued behind it) forever. Safe: the callers' own deadlines are no longer than
+            // this, and a group that times out is reported indeterminate, never retried.
             match tokio::time::timeout(link.timeout(), group).await {
                 Ok(outcomes) => outcomes,
                 Err(_) => vec![Err(ProposeError::Timeout); n],
