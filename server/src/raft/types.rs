@@ -103,3 +103,7 @@ mod tests {
         assert_eq!(back, cmd);
     }
 }
+
+#[cfg(test)]
+#[path = "types_golden_tests.rs"]
+mod golden_tests;
