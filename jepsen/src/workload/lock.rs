@@ -40,6 +40,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
+use super::leases;
 use super::set::{encode, read_set};
 use super::{
     connect, final_attempts, max_iterations, watch, worker_seed, OpCounts, Recorder, WorkerEnv,
@@ -249,37 +250,6 @@ async fn resource_read(
     }
 }
 
-/// Keeps `lease` alive through `node` until aborted: a keep-alive every third of the TTL.
-fn keep_alive(mut c: Client, lease: i64, ttl: i64) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let every = Duration::from_millis((ttl.max(1) as u64) * 1000 / 3);
-        let mut stream = None;
-        // Bounded by the abort at the end of the holder's cycle; the count bound is a backstop
-        // (an hour of keep-alives).
-        for _ in 0..(3600 * 1000 / every.as_millis().max(1) as u64) {
-            if stream.is_none() {
-                stream = tokio::time::timeout(KEEPALIVE_TIMEOUT, c.lease_keep_alive(lease))
-                    .await
-                    .ok()
-                    .and_then(Result::ok);
-            } else if let Some((keeper, s)) = stream.as_mut() {
-                let ok = tokio::time::timeout(KEEPALIVE_TIMEOUT, async {
-                    keeper.keep_alive().await?;
-                    s.message().await
-                })
-                .await;
-                match ok {
-                    Ok(Ok(Some(r))) if r.ttl() > 0 => {}
-                    // The lease is gone: nothing left to keep alive.
-                    Ok(Ok(Some(_))) => return,
-                    _ => stream = None,
-                }
-            }
-            tokio::time::sleep(every).await;
-        }
-    })
-}
-
 async fn worker(
     node: NodeInfo,
     ctx: Ctx,
@@ -313,27 +283,6 @@ async fn worker(
         cycle(&mut rec, clients, &ctx, &name, &mut rng).await?;
     }
     Ok(rec.counts)
-}
-
-/// Grants a lease; returns its id.
-async fn grant(
-    rec: &mut Recorder,
-    c: &mut Client,
-    ttl: i64,
-    t: Duration,
-) -> Result<Option<i64>, WorkloadError> {
-    rec.invoke("lease_grant", None, json!({ "ttl": ttl }))?;
-    match client::bounded(t, c.lease_grant(ttl, None)).await {
-        Ok(r) => {
-            let h = client::header(r.header());
-            rec.ok("lease_grant", None, json!({"ttl": r.ttl(), "id": r.id()}), h)?;
-            Ok(Some(r.id()))
-        }
-        Err(e) => {
-            rec.error("lease_grant", None, json!({ "ttl": ttl }), &e, false)?;
-            Ok(None)
-        }
-    }
 }
 
 /// Revokes a lease (cleanup after each cycle; also frees a lock whose acquisition timed out).
@@ -371,8 +320,8 @@ async fn cycle(
     let Clients { c, slow, ka: ka_client } = clients;
     let t = ctx.opts.op_timeout;
     let ttl = ctx.opts.lease_ttl;
-    let Some(lease) = grant(rec, c, ttl, t).await? else { return Ok(()) };
-    let ka = keep_alive(ka_client.clone(), lease, ttl);
+    let Some(lease) = leases::grant(rec, c, ttl, t).await? else { return Ok(()) };
+    let ka = leases::keep_alive(ka_client.clone(), lease, ttl, KEEPALIVE_TIMEOUT);
     let args = json!({ "name": name, "lease": lease });
     rec.invoke("lock_acquire", Some(name), args.clone())?;
     let acquired = client::bounded(ACQUIRE_TIMEOUT, async {

@@ -17,6 +17,7 @@
 //! under a fresh process id, because the old process may still have an operation in flight.
 
 pub mod lease;
+mod leases;
 pub mod lock;
 pub mod queue;
 pub mod register;

@@ -20,7 +20,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::Client;
 use picket_proto::picket::v1::queue_client::QueueClient;
 use picket_proto::picket::v1::{
     AckJobRequest, ClaimRequest, DeadLettersRequest, EnqueueRequest, NackJobRequest,
@@ -32,6 +31,7 @@ use serde_json::{json, Value};
 use tokio::task::JoinSet;
 use tonic::transport::Channel;
 
+use super::leases;
 use super::{
     connect, max_iterations, worker_seed, OpCounts, Recorder, WorkerEnv, WorkloadError,
     WorkloadOptions,
@@ -179,56 +179,6 @@ async fn producer(
     Ok(rec.counts)
 }
 
-/// Keeps `lease` alive through `c` until aborted: a keep-alive every third of the TTL.
-fn keep_alive(mut c: Client, lease: i64, ttl: i64) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let every = Duration::from_millis((ttl.max(1) as u64) * 1000 / 3);
-        let mut stream = None;
-        // Aborted by the owner; the count bound is a backstop (an hour of keep-alives).
-        for _ in 0..(3600 * 1000 / every.as_millis().max(1) as u64) {
-            if stream.is_none() {
-                stream = tokio::time::timeout(KEEPALIVE_TIMEOUT, c.lease_keep_alive(lease))
-                    .await
-                    .ok()
-                    .and_then(Result::ok);
-            } else if let Some((keeper, s)) = stream.as_mut() {
-                let ok = tokio::time::timeout(KEEPALIVE_TIMEOUT, async {
-                    keeper.keep_alive().await?;
-                    s.message().await
-                })
-                .await;
-                match ok {
-                    Ok(Ok(Some(r))) if r.ttl() > 0 => {}
-                    Ok(Ok(Some(_))) => return,
-                    _ => stream = None,
-                }
-            }
-            tokio::time::sleep(every).await;
-        }
-    })
-}
-
-/// Grants a lease (recorded as `lease_grant`).
-async fn grant(
-    rec: &mut Recorder,
-    c: &mut Client,
-    ttl: i64,
-    timeout: Duration,
-) -> Result<Option<i64>, WorkloadError> {
-    rec.invoke("lease_grant", None, json!({ "ttl": ttl }))?;
-    match client::bounded(timeout, c.lease_grant(ttl, None)).await {
-        Ok(r) => {
-            let h = client::header(r.header());
-            rec.ok("lease_grant", None, json!({"ttl": r.ttl(), "id": r.id()}), h)?;
-            Ok(Some(r.id()))
-        }
-        Err(e) => {
-            rec.error("lease_grant", None, json!({ "ttl": ttl }), &e, false)?;
-            Ok(None)
-        }
-    }
-}
-
 /// A claimed job as the history records it.
 struct Claimed {
     id: String,
@@ -328,9 +278,10 @@ async fn consumer(
         }
         let l = match &lease {
             Some((l, _)) => *l,
-            None => match grant(&mut rec, &mut c, ttl, timeout).await? {
+            None => match leases::grant(&mut rec, &mut c, ttl, timeout).await? {
                 Some(l) => {
-                    lease = Some((l, keep_alive(ka_client.clone(), l, ttl)));
+                    lease =
+                        Some((l, leases::keep_alive(ka_client.clone(), l, ttl, KEEPALIVE_TIMEOUT)));
                     l
                 }
                 None => continue,
@@ -392,7 +343,7 @@ async fn drain(
     let mut q = QueueClient::new(channel(node, timeout)?);
     let mut c = connect(node, timeout).await?;
     // Long enough to outlive the drain's pauses between claims; revoked at the end.
-    let Some(lease) = grant(rec, &mut c, 60, timeout).await? else { return Ok(false) };
+    let Some(lease) = leases::grant(rec, &mut c, 60, timeout).await? else { return Ok(false) };
     let mut empty = 0;
     let mut ok = false;
     for _ in 0..DRAIN_MAX {
