@@ -6,7 +6,10 @@
 # watch"; put-1 and put-64 are the 1- and 64-client puts, "put" selects both) to run only those.
 # Every round runs each workload against Picket, then etcd. At the end a summary table gives,
 # per workload, the median over the rounds of ops/s, p50 and p99 for each, the Picket/etcd ratio
-# of the medians, and for puts the servers' resident memory (sum of the three members' VmRSS,
+# of the medians, the servers' CPU per operation (sum of the three members' user + system time
+# over the measured window, from /proc) and the machine's busy share over it (from /proc/stat,
+# steal included: near 100 % the run was bound by CPU, so the throughput ratio is a ratio of CPU
+# per operation), and for puts the servers' resident memory (sum of the three members' VmRSS,
 # peak of samples taken every 0.5 s during the run, median over rounds).
 # Both clusters live under a temp dir that is removed at the end; every process started here is
 # killed by PID on exit.
@@ -113,7 +116,7 @@ run() { # name workload clients conns [rss]
       pids+=("$rss_pid")
     fi
     line=$("$bin/picket-bench" --endpoints "$(eps $base)" --workload "$2" --clients "$3" --conns "$4" \
-      --seconds "$secs" || echo "failed (exit $?)")
+      --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" || echo "failed (exit $?)")
     rss=""
     if [ -n "$rss_pid" ]; then
       kill "$rss_pid" 2>/dev/null || true
@@ -166,16 +169,20 @@ for row in open(sys.argv[1]):
     if "ops/s" not in m:
         continue
     r = runs.setdefault(name, {}).setdefault(
-        kind, {"ops": [], "p50": [], "p99": [], "rss": [], "errors": 0})
+        kind, {"ops": [], "p50": [], "p99": [], "rss": [], "cpu": [], "busy": [], "errors": 0})
     r["errors"] += int(float(m.get("errors", 0)))
     r["ops"].append(float(m["ops/s"]))
     r["p50"].append(float(m["p50"]))
     r["p99"].append(float(m["p99"]))
     if rss:
         r["rss"].append(int(rss) / 1024)
+    if "server_cpu_us_per_op" in m:
+        r["cpu"].append(float(m["server_cpu_us_per_op"]))
+    if "host_busy_pct" in m:
+        r["busy"].append(float(m["host_busy_pct"]))
 med = lambda xs: statistics.median(xs) if xs else float("nan")
-print("| workload | rounds | Picket ops/s | etcd ops/s | ratio | Picket p50 / p99 ms | etcd p50 / p99 ms | p99 ratio | RSS MiB Picket / etcd | errors Picket / etcd |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| workload | rounds | Picket ops/s | etcd ops/s | ratio | Picket p50 / p99 ms | etcd p50 / p99 ms | p99 ratio | server CPU us/op Picket / etcd | machine busy % Picket / etcd | RSS MiB Picket / etcd | errors Picket / etcd |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for name, kinds in runs.items():
     p, e = kinds.get("picket"), kinds.get("etcd")
     if not p or not e:
@@ -183,8 +190,10 @@ for name, kinds in runs.items():
     rss = ""
     if p["rss"] and e["rss"]:
         rss = f"{med(p['rss']):.0f} / {med(e['rss']):.0f}"
+    pair = lambda k: f"{med(p[k]):.0f} / {med(e[k]):.0f}" if p[k] and e[k] else ""
     print(f"| {name} | {len(p['ops'])} | {med(p['ops']):,.0f} | {med(e['ops']):,.0f} | "
           f"{med(p['ops']) / med(e['ops']):.2f} | {med(p['p50']):.2f} / {med(p['p99']):.2f} | "
-          f"{med(e['p50']):.2f} / {med(e['p99']):.2f} | {med(p['p99']) / med(e['p99']):.2f} | {rss} | "
+          f"{med(e['p50']):.2f} / {med(e['p99']):.2f} | {med(p['p99']) / med(e['p99']):.2f} | "
+          f"{pair('cpu')} | {pair('busy')} | {rss} | "
           f"{p['errors']} / {e['errors']} |")
 PY

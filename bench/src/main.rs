@@ -77,7 +77,7 @@ struct Args {
     #[arg(long, default_value_t = 50)]
     put_rate: u64,
     /// Comma-separated server PIDs whose CPU time (from /proc) to report over the measured
-    /// window (lease-hold).
+    /// window: per keep-alive for lease-hold, per operation for the other load workloads.
     #[arg(long, value_delimiter = ',')]
     cpu_pids: Vec<u32>,
 }
@@ -136,6 +136,12 @@ async fn main() -> Result<()> {
         }
         _ => {}
     }
+    // The servers' CPU and the machine's busy share over the measured window: on a small
+    // machine shared by servers and client, a ratio of throughputs is a ratio of CPU per
+    // operation once the machine is busy, and these two figures show whether it was.
+    let cpu = cpu::CpuMeter::new(args.cpu_pids.clone());
+    let cpu_before = cpu.sample();
+    let host_before = cpu::HostCpu::sample();
     let deadline = Instant::now() + window;
     let mut tasks = Vec::new();
     for i in 0..args.clients {
@@ -201,9 +207,11 @@ async fn main() -> Result<()> {
         errors += e;
     }
     let elapsed = start.elapsed().as_secs_f64();
+    let server_cpu = cpu.since(cpu_before);
+    let host_busy = cpu::HostCpu::busy_percent_since(host_before);
     all.sort_unstable();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
+    print!(
         "workload={:?} clients={} conns={} ops={} errors={} ops/s={:.0} p50={:.2}ms p90={:.2}ms p99={:.2}ms max={:.2}ms",
         args.workload,
         args.clients,
@@ -216,5 +224,13 @@ async fn main() -> Result<()> {
         ms(pct(&all, 0.99)),
         ms(all.last().copied().unwrap_or_default()),
     );
+    // Appended to the same line, so the script's parser sees every figure of one run together.
+    if let Some(c) = server_cpu {
+        print!(" server_cpu_us_per_op={:.0}", c * 1e6 / all.len().max(1) as f64);
+    }
+    if let Some(b) = host_busy {
+        print!(" host_busy_pct={b:.0}");
+    }
+    println!();
     Ok(())
 }

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Per-member, per-thread CPU and context switches per operation of one bench workload against a
+# fresh three-member cluster. Usage:
+#   scripts/per-member-cpu.sh <picketd binary | etcd> <workload> <clients> <conns> <seconds>
+# e.g. `scripts/per-member-cpu.sh target/release/picketd put 1 1 5` (run a release build first:
+# `cargo build --workspace --release`). Reads /proc/<pid>/task/*/{stat,status} before and after
+# the run. The cluster uses ports 23010-23031 (below the kernel's ephemeral range) and a temp
+# dir; both, and every process started here, are removed on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -eq 5 ] || { sed -n 2,8p "$0" >&2; exit 2; }
+bin=$1; wl=$2; clients=$3; conns=$4; secs=$5
+root=$(mktemp -d /tmp/picket-cpu.XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  { wait; } 2>/dev/null || true
+  rm -rf "$root"
+}
+trap cleanup EXIT INT TERM
+cluster="n1=http://127.0.0.1:23011,n2=http://127.0.0.1:23021,n3=http://127.0.0.1:23031"
+for i in 1 2 3; do
+  c=$((23000 + 10 * i)); p=$((c + 1))
+  "$bin" --name "n$i" --data-dir "$root/n$i" --listen-client-urls "http://127.0.0.1:$c" \
+    --advertise-client-urls "http://127.0.0.1:$c" --listen-peer-urls "http://127.0.0.1:$p" \
+    --initial-advertise-peer-urls "http://127.0.0.1:$p" --initial-cluster "$cluster" \
+    --initial-cluster-state new 2>"$root/n$i.log" &
+  pids+=($!)
+done
+eps=http://127.0.0.1:23010,http://127.0.0.1:23020,http://127.0.0.1:23030
+# Bounded waits: 60 x 0.5 s for a first commit, then 20 x 0.5 s per member.
+for _ in $(seq 60); do ETCDCTL_API=3 etcdctl --endpoints=$eps put ready 1 >/dev/null 2>&1 && break; sleep 0.5; done
+for ep in ${eps//,/ }; do
+  ok=""
+  for _ in $(seq 20); do ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }; sleep 0.5; done
+  [ -n "$ok" ] || { echo "member $ep did not come up" >&2; exit 1; }
+done
+snap() { # pid tid comm cpu_ticks context_switches, one line per thread of every member
+  local p t
+  for p in "${pids[@]}"; do
+    for t in /proc/"$p"/task/*; do
+      echo "$p $(basename "$t") $(tr ' ' _ <"$t/comm") $(awk '{print $14 + $15}' "$t/stat") \
+        $(awk '/^voluntary_ctxt/ {v = $2} /^nonvoluntary_ctxt/ {n = $2} END {print v + n}' "$t/status")"
+    done
+  done
+}
+snap >"$root/before"
+out=$(target/release/picket-bench --endpoints $eps --workload "$wl" --clients "$clients" \
+  --conns "$conns" --seconds "$secs" | tail -1)
+snap >"$root/after"
+echo "$out"
+echo "leader: member $(ETCDCTL_API=3 etcdctl --endpoints=$eps endpoint status 2>/dev/null | awk -F', ' '$5 == "true" {print $1}')"
+ops=$(echo "$out" | sed -n 's/.* ops=\([0-9]*\).*/\1/p')
+python3 - "$root/before" "$root/after" "${ops:-0}" "$(getconf CLK_TCK)" "${pids[@]}" <<'PY'
+import collections, sys
+def load(f):
+    return {(p, t): (n, int(c), int(s)) for p, t, n, c, s in (l.split() for l in open(f))}
+before, after = load(sys.argv[1]), load(sys.argv[2])
+ops, hz, pids = max(1, int(sys.argv[3])), int(sys.argv[4]), sys.argv[5:]
+per = collections.defaultdict(lambda: [0, 0])
+for key, (name, cpu, cs) in after.items():
+    c0, s0 = before.get(key, (name, 0, 0))[1:]
+    per[(key[0], name)][0] += cpu - c0
+    per[(key[0], name)][1] += cs - s0
+us = lambda ticks: ticks * 1e6 / hz / ops
+for i, pid in enumerate(pids, 1):
+    rows = sorted(((n, c, s) for (p, n), (c, s) in per.items() if p == pid), key=lambda r: -r[1])
+    print(f"n{i} (pid {pid}): {us(sum(r[1] for r in rows)):.0f} us CPU/op, "
+          f"{sum(r[2] for r in rows) / ops:.1f} context switches/op")
+    for n, c, s in rows:
+        if c or s:
+            print(f"    {n:24s} {us(c):7.0f} us/op {s / ops:6.2f} cs/op")
+PY
