@@ -260,9 +260,10 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
 
     for (l, https) in peer_listeners.into_iter().zip(tls::listener_tls(&cfg, Side::Peer)) {
         let relay = Arc::new(LeaseRelayTarget(ctx.clone()));
-        let svc = RaftServiceServer::new(PeerService::new(proposer.clone(), relay))
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX);
+        let svc =
+            RaftServiceServer::new(PeerService::new(proposer.clone(), relay, stop_rx.clone()))
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX);
         let mut stop_rx = stop_rx.clone();
         servers.spawn(
             peer_tls

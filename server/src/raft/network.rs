@@ -1,6 +1,8 @@
 //! The Raft network: openraft's `RaftNetwork` over tonic, one lazily connected channel per
-//! peer, shared by every client openraft asks for. openraft messages travel as postcard bytes inside `picket.raft.v1.RaftPayload`; the
-//! reply carries the remote `Result`, so remote Raft errors come back typed.
+//! peer, shared by every client openraft asks for. openraft messages travel as postcard bytes
+//! inside `picket.raft.v1.RaftPayload` (or `RaftFrame` on a replication stream, see
+//! `append_stream`); the reply carries the remote `Result`, so remote Raft errors come back
+//! typed.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -19,6 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
+use super::append_stream::{AppendStream, Sent};
 use super::types::{Member, NodeId, TypeConfig};
 use crate::tls::PeerDialer;
 
@@ -100,7 +103,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         if client.is_none() {
             tracing::warn!(node_id = target, url = %url, "invalid peer url");
         }
-        PeerClient { target, client }
+        PeerClient { target, client, appends: AppendStream::default() }
     }
 }
 
@@ -108,6 +111,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     target: NodeId,
     client: Option<RaftServiceClient<Channel>>,
+    /// AppendEntries over one stream for the client's life (`append_stream`).
+    appends: AppendStream,
 }
 
 type RpcResult<T, E> = Result<T, RPCError<NodeId, Member, RaftError<NodeId, E>>>;
@@ -132,30 +137,55 @@ impl PeerClient {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
-        let client = self.client.clone().ok_or_else(|| {
-            RPCError::Unreachable(Unreachable::new(&std::io::Error::other("invalid peer url")))
-        })?;
         let payload = encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        // Bounded by openraft's hard TTL for this RPC: a peer that stops answering (paused,
-        // partitioned) must not hold up the replication stream or an election past it. A timed
-        // out AppendEntries or Vote is safe to resend: both are idempotent in Raft.
+        self.call_encoded(payload, option, method).await
+    }
+
+    async fn call_encoded<Resp, E>(
+        &mut self,
+        payload: RaftPayload,
+        option: &RPCOption,
+        method: PeerMethod,
+    ) -> RpcResult<Resp, E>
+    where
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let client = self.client.clone().ok_or_else(invalid_url)?;
+        // Bounded by openraft's per-RPC deadline; on expiry openraft backs off and retries,
+        // which is safe for all three RPCs (each is idempotent on the receiver).
         let resp = match tokio::time::timeout(option.hard_ttl(), method(client, payload)).await {
-            Err(_) => {
-                return Err(RPCError::Unreachable(Unreachable::new(&std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "peer rpc timed out",
-                ))))
-            }
+            Err(_) => return Err(timed_out()),
             Ok(Err(status)) => {
                 // Connection-level failures: let openraft back off before retrying.
                 return Err(RPCError::Unreachable(Unreachable::new(&status)));
             }
             Ok(Ok(r)) => r.into_inner(),
         };
+        self.answer(&resp.payload)
+    }
+
+    /// Decodes a peer's answer: openraft's result, serialized with postcard.
+    fn answer<Resp, E>(&self, bytes: &[u8]) -> RpcResult<Resp, E>
+    where
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
         let result: Result<Resp, RaftError<NodeId, E>> =
-            decode(&resp).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            postcard::from_bytes(bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
+}
+
+fn invalid_url<E: std::error::Error>() -> RPCError<NodeId, Member, E> {
+    RPCError::Unreachable(Unreachable::new(&std::io::Error::other("invalid peer url")))
+}
+
+fn timed_out<E: std::error::Error>() -> RPCError<NodeId, Member, E> {
+    RPCError::Unreachable(Unreachable::new(&std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "peer rpc timed out",
+    )))
 }
 
 impl RaftNetwork<TypeConfig> for PeerClient {
@@ -164,8 +194,24 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
-        self.call(&rpc, &option, |mut c, p| Box::pin(async move { c.append_entries(p).await }))
-            .await
+        let payload = encode(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let client = self.client.clone().ok_or_else(invalid_url)?;
+        // The same deadline as a unary call. A timed-out stream call is abandoned, and the
+        // stream with it (`append_stream`), so no late answer can be read for a later request.
+        let sent =
+            tokio::time::timeout(option.hard_ttl(), self.appends.call(&client, payload.payload))
+                .await;
+        match sent {
+            Err(_) => Err(timed_out()),
+            Ok(Err(status)) => Err(RPCError::Unreachable(Unreachable::new(&status))),
+            Ok(Ok(Sent::Answer(bytes))) => self.answer(&bytes),
+            Ok(Ok(Sent::Unary(payload))) => {
+                self.call_encoded(RaftPayload { payload }, &option, |mut c, p| {
+                    Box::pin(async move { c.append_entries(p).await })
+                })
+                .await
+            }
+        }
     }
 
     async fn install_snapshot(

@@ -1,17 +1,21 @@
 //! The peer-facing gRPC service: openraft's three RPCs plus the two a follower needs to serve
 //! any client request (forwarding a proposal, asking for a read index).
 
+use std::pin::Pin;
 use std::sync::Arc;
+
+use futures::Stream;
+use tokio::sync::watch;
 
 use picket_proto::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
 };
 use picket_proto::picket::raft::v1::raft_service_server::RaftService;
 use picket_proto::picket::raft::v1::{
-    CommandResult, ForwardBatchRequest, ForwardBatchResponse, ForwardRequest, RaftPayload,
-    ReadIndexRequest, ReadIndexResponse,
+    CommandResult, ForwardBatchRequest, ForwardBatchResponse, ForwardRequest, RaftFrame,
+    RaftPayload, ReadIndexRequest, ReadIndexResponse,
 };
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
 use super::network::{decode, encode};
 use super::proposer::{ProposeError, Proposer};
@@ -32,11 +36,18 @@ pub trait LeaderLeases: Send + Sync + 'static {
 pub struct PeerService {
     proposer: Proposer,
     leases: Arc<dyn LeaderLeases>,
+    /// Turns true when the member stops: replication streams end then, since a graceful server
+    /// shutdown waits for every open stream and the leader would otherwise keep them open.
+    stop: watch::Receiver<bool>,
 }
 
 impl PeerService {
-    pub fn new(proposer: Proposer, leases: Arc<dyn LeaderLeases>) -> Self {
-        Self { proposer, leases }
+    pub fn new(
+        proposer: Proposer,
+        leases: Arc<dyn LeaderLeases>,
+        stop: watch::Receiver<bool>,
+    ) -> Self {
+        Self { proposer, leases, stop }
     }
 }
 
@@ -59,6 +70,51 @@ impl RaftService for PeerService {
     ) -> Result<Response<RaftPayload>, Status> {
         let rpc = decode(req.get_ref()).map_err(bad_payload)?;
         reply(&self.proposer.raft().append_entries(rpc).await)
+    }
+
+    type AppendEntriesStreamStream =
+        Pin<Box<dyn Stream<Item = Result<RaftFrame, Status>> + Send + 'static>>;
+
+    /// One replication session: each request is handed to Raft in arrival order, and the next is
+    /// read only after the previous one's answer is produced, so answers leave in request order
+    /// (`append_stream` explains the client's side). A request that cannot be decoded ends the
+    /// stream with an error; the leader then opens a new one.
+    #[tracing::instrument(level = "trace", skip_all)]
+    async fn append_entries_stream(
+        &self,
+        req: Request<Streaming<RaftFrame>>,
+    ) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
+        let raft = self.proposer.raft().clone();
+        let state = Some((req.into_inner(), self.stop.clone()));
+        let answers = futures::stream::unfold(state, move |state| {
+            let raft = raft.clone();
+            async move {
+                let (mut inbound, mut stop) = state?;
+                let frame = tokio::select! {
+                    next = inbound.message() => match next {
+                        Ok(Some(frame)) => frame,
+                        // The leader closed its side: the session is over.
+                        Ok(None) => return None,
+                        Err(status) => return Some((Err(status), None)),
+                    },
+                    // This member is stopping; the leader sees the stream end and reconnects
+                    // (to whatever answers at this address next).
+                    _ = stop.wait_for(|s| *s) => return None,
+                };
+                let rpc = match postcard::from_bytes(&frame.payload) {
+                    Ok(rpc) => rpc,
+                    Err(e) => return Some((Err(bad_payload(e)), None)),
+                };
+                let answer = postcard::to_allocvec(&raft.append_entries(rpc).await)
+                    .map(|payload| RaftFrame { seq: frame.seq, payload })
+                    .map_err(|e| {
+                        Status::internal(format!("picket: cannot encode raft reply: {e}"))
+                    });
+                let next = answer.is_ok().then_some((inbound, stop));
+                Some((answer, next))
+            }
+        });
+        Ok(Response::new(Box::pin(answers)))
     }
 
     #[tracing::instrument(level = "trace", skip_all)]

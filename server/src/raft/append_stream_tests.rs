@@ -1,0 +1,204 @@
+//! The client side of AppendEntriesStream against fake peers: the switch from unary calls, one
+//! stream for many calls, answers matched by number, abandoned calls, and old peers.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use picket_proto::etcdserverpb::{
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
+};
+use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
+use picket_proto::picket::raft::v1::raft_service_server::{RaftService, RaftServiceServer};
+use picket_proto::picket::raft::v1::{
+    CommandResult, ForwardBatchRequest, ForwardBatchResponse, ForwardRequest, RaftFrame,
+    RaftPayload, ReadIndexRequest, ReadIndexResponse,
+};
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::{Channel, Server};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::append_stream::{AppendStream, Sent};
+
+/// How the fake peer answers on the stream.
+#[derive(Clone, Copy)]
+enum Mode {
+    /// Answers each request with its own number and its payload reversed.
+    Echo,
+    /// Answers with the wrong number.
+    WrongSeq,
+    /// Answers the first request of each stream after `SLOW`, later ones at once.
+    SlowFirst,
+    /// Predates the stream: `Unimplemented`.
+    Old,
+}
+
+const SLOW: Duration = Duration::from_millis(300);
+
+struct Fake {
+    mode: Mode,
+    streams: Arc<AtomicU64>,
+    unary: Arc<AtomicU64>,
+}
+
+type Frames = Pin<Box<dyn Stream<Item = Result<RaftFrame, Status>> + Send + 'static>>;
+
+fn nope<T>() -> Result<Response<T>, Status> {
+    Err(Status::unimplemented("fake"))
+}
+
+#[tonic::async_trait]
+impl RaftService for Fake {
+    type AppendEntriesStreamStream = Frames;
+
+    async fn append_entries_stream(
+        &self,
+        req: Request<Streaming<RaftFrame>>,
+    ) -> Result<Response<Frames>, Status> {
+        let mode = self.mode;
+        if let Mode::Old = mode {
+            return nope();
+        }
+        self.streams.fetch_add(1, Ordering::SeqCst);
+        let answers = req.into_inner().enumerate().then(move |(i, frame)| async move {
+            let mut frame = frame?;
+            match mode {
+                Mode::WrongSeq => frame.seq += 1,
+                Mode::SlowFirst if i == 0 => tokio::time::sleep(SLOW).await,
+                _ => {}
+            }
+            frame.payload.reverse();
+            Ok(frame)
+        });
+        Ok(Response::new(Box::pin(answers)))
+    }
+
+    async fn append_entries(
+        &self,
+        req: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        self.unary.fetch_add(1, Ordering::SeqCst);
+        Ok(Response::new(req.into_inner()))
+    }
+    async fn vote(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        nope()
+    }
+    async fn install_snapshot(
+        &self,
+        _: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        nope()
+    }
+    async fn forward(&self, _: Request<ForwardRequest>) -> Result<Response<CommandResult>, Status> {
+        nope()
+    }
+    async fn forward_batch(
+        &self,
+        _: Request<ForwardBatchRequest>,
+    ) -> Result<Response<ForwardBatchResponse>, Status> {
+        nope()
+    }
+    async fn read_index(
+        &self,
+        _: Request<ReadIndexRequest>,
+    ) -> Result<Response<ReadIndexResponse>, Status> {
+        nope()
+    }
+    async fn lease_keep_alive(
+        &self,
+        _: Request<LeaseKeepAliveRequest>,
+    ) -> Result<Response<LeaseKeepAliveResponse>, Status> {
+        nope()
+    }
+    async fn lease_time_to_live(
+        &self,
+        _: Request<LeaseTimeToLiveRequest>,
+    ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        nope()
+    }
+}
+
+struct Peer {
+    client: RaftServiceClient<Channel>,
+    streams: Arc<AtomicU64>,
+}
+
+async fn peer(mode: Mode) -> Peer {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let streams = Arc::new(AtomicU64::new(0));
+    let fake = Fake { mode, streams: streams.clone(), unary: Arc::new(AtomicU64::new(0)) };
+    tokio::spawn(
+        Server::builder()
+            .add_service(RaftServiceServer::new(fake))
+            .serve_with_incoming(TcpListenerStream::new(listener)),
+    );
+    let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
+    Peer { client: RaftServiceClient::new(channel), streams }
+}
+
+async fn answer(s: &mut AppendStream, p: &Peer, bytes: &[u8]) -> Result<Vec<u8>, Status> {
+    match s.call(&p.client, bytes.to_vec()).await? {
+        Sent::Answer(a) => Ok(a),
+        Sent::Unary(_) => panic!("expected the stream to be used"),
+    }
+}
+
+#[tokio::test]
+async fn second_append_on_switches_to_one_stream() {
+    let p = peer(Mode::Echo).await;
+    let mut s = AppendStream::default();
+    tracing::info!("the first append of a client goes unary, untouched");
+    match s.call(&p.client, vec![1, 2, 3]).await.unwrap() {
+        Sent::Unary(b) => assert_eq!(b, vec![1, 2, 3]),
+        Sent::Answer(_) => panic!("first append must be unary"),
+    }
+    assert_eq!(p.streams.load(Ordering::SeqCst), 0);
+    tracing::info!("later appends share one stream and get their own answers");
+    for i in 0..20u8 {
+        assert_eq!(answer(&mut s, &p, &[i, 7]).await.unwrap(), vec![7, i]);
+    }
+    assert_eq!(p.streams.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_answer_with_the_wrong_number_fails_the_call_and_closes_the_stream() {
+    let p = peer(Mode::WrongSeq).await;
+    let mut s = AppendStream::default();
+    let _ = s.call(&p.client, vec![0]).await.unwrap();
+    for expected_streams in 1..=3 {
+        let err = answer(&mut s, &p, &[1]).await.unwrap_err();
+        assert!(err.message().contains("answered request"), "{err:?}");
+        assert_eq!(p.streams.load(Ordering::SeqCst), expected_streams);
+    }
+}
+
+#[tokio::test]
+async fn an_abandoned_call_is_never_answered_by_the_next_one() {
+    let p = peer(Mode::SlowFirst).await;
+    let mut s = AppendStream::default();
+    let _ = s.call(&p.client, vec![0]).await.unwrap();
+    tracing::info!("the caller gives up while the first answer is still on its way");
+    let gave_up = tokio::time::timeout(SLOW / 3, s.call(&p.client, vec![1])).await;
+    assert!(gave_up.is_err());
+    tracing::info!("the next call gets its own answer, from a new stream");
+    assert_eq!(answer(&mut s, &p, &[2, 3]).await.unwrap(), vec![3, 2]);
+    assert_eq!(p.streams.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_peer_without_the_stream_gets_unary_calls_for_good() {
+    let p = peer(Mode::Old).await;
+    let mut s = AppendStream::default();
+    let _ = s.call(&p.client, vec![0]).await.unwrap();
+    tracing::info!("the refused request comes back whole, to be sent unary");
+    for i in 0..3u8 {
+        match s.call(&p.client, vec![i, 9]).await.unwrap() {
+            Sent::Unary(b) => assert_eq!(b, vec![i, 9]),
+            Sent::Answer(_) => panic!("an old peer has no stream"),
+        }
+    }
+    assert_eq!(p.streams.load(Ordering::SeqCst), 0);
+}
