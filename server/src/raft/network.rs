@@ -47,8 +47,9 @@ pub fn encode<T: Serialize>(v: &T) -> Result<RaftPayload, postcard::Error> {
     Ok(RaftPayload { payload: postcard::to_allocvec(v)? })
 }
 
-pub fn decode<T: DeserializeOwned>(p: &RaftPayload) -> Result<T, postcard::Error> {
-    postcard::from_bytes(&p.payload)
+/// Decodes postcard bytes, the body of a `RaftPayload` or a `RaftFrame`.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, postcard::Error> {
+    postcard::from_bytes(bytes)
 }
 
 /// Creates peer clients for openraft, reusing one channel per peer.
@@ -172,7 +173,7 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let result: Result<Resp, RaftError<NodeId, E>> =
-            postcard::from_bytes(bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+            decode(bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }

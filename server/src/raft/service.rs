@@ -55,10 +55,12 @@ fn bad_payload(e: postcard::Error) -> Status {
     Status::invalid_argument(format!("picket: undecodable raft payload: {e}"))
 }
 
+fn encode_reply<T: serde::Serialize>(v: &T) -> Result<RaftPayload, Status> {
+    encode(v).map_err(|e| Status::internal(format!("picket: cannot encode raft reply: {e}")))
+}
+
 fn reply<T: serde::Serialize>(v: &T) -> Result<Response<RaftPayload>, Status> {
-    encode(v)
-        .map(Response::new)
-        .map_err(|e| Status::internal(format!("picket: cannot encode raft reply: {e}")))
+    encode_reply(v).map(Response::new)
 }
 
 #[tonic::async_trait]
@@ -68,7 +70,7 @@ impl RaftService for PeerService {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let rpc = decode(req.get_ref()).map_err(bad_payload)?;
+        let rpc = decode(&req.get_ref().payload).map_err(bad_payload)?;
         reply(&self.proposer.raft().append_entries(rpc).await)
     }
 
@@ -84,42 +86,35 @@ impl RaftService for PeerService {
         &self,
         req: Request<Streaming<RaftFrame>>,
     ) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
-        let raft = self.proposer.raft().clone();
-        let state = Some((req.into_inner(), self.stop.clone()));
-        let answers = futures::stream::unfold(state, move |state| {
-            let raft = raft.clone();
-            async move {
-                let (mut inbound, mut stop) = state?;
-                let frame = tokio::select! {
-                    next = inbound.message() => match next {
-                        Ok(Some(frame)) => frame,
-                        // The leader closed its side: the session is over.
-                        Ok(None) => return None,
-                        Err(status) => return Some((Err(status), None)),
-                    },
-                    // This member is stopping; the leader sees the stream end and reconnects
-                    // (to whatever answers at this address next).
-                    _ = stop.wait_for(|s| *s) => return None,
-                };
-                let rpc = match postcard::from_bytes(&frame.payload) {
-                    Ok(rpc) => rpc,
-                    Err(e) => return Some((Err(bad_payload(e)), None)),
-                };
-                let answer = postcard::to_allocvec(&raft.append_entries(rpc).await)
-                    .map(|payload| RaftFrame { seq: frame.seq, payload })
-                    .map_err(|e| {
-                        Status::internal(format!("picket: cannot encode raft reply: {e}"))
-                    });
-                let next = answer.is_ok().then_some((inbound, stop));
-                Some((answer, next))
-            }
+        let state = Some((req.into_inner(), self.stop.clone(), self.proposer.raft().clone()));
+        let answers = futures::stream::unfold(state, |state| async move {
+            let (mut inbound, mut stop, raft) = state?;
+            let frame = tokio::select! {
+                next = inbound.message() => match next {
+                    Ok(Some(frame)) => frame,
+                    // The leader closed its side: the session is over.
+                    Ok(None) => return None,
+                    Err(status) => return Some((Err(status), None)),
+                },
+                // This member is stopping; the leader sees the stream end and reconnects (to
+                // whatever answers at this address next).
+                _ = stop.wait_for(|s| *s) => return None,
+            };
+            let rpc = match decode(&frame.payload) {
+                Ok(rpc) => rpc,
+                Err(e) => return Some((Err(bad_payload(e)), None)),
+            };
+            let answer = encode_reply(&raft.append_entries(rpc).await)
+                .map(|p| RaftFrame { seq: frame.seq, payload: p.payload });
+            let next = answer.is_ok().then_some((inbound, stop, raft));
+            Some((answer, next))
         });
         Ok(Response::new(Box::pin(answers)))
     }
 
     #[tracing::instrument(level = "trace", skip_all)]
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let rpc = decode(req.get_ref()).map_err(bad_payload)?;
+        let rpc = decode(&req.get_ref().payload).map_err(bad_payload)?;
         reply(&self.proposer.raft().vote(rpc).await)
     }
 
@@ -128,7 +123,7 @@ impl RaftService for PeerService {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let rpc = decode(req.get_ref()).map_err(bad_payload)?;
+        let rpc = decode(&req.get_ref().payload).map_err(bad_payload)?;
         reply(&self.proposer.raft().install_snapshot(rpc).await)
     }
 
