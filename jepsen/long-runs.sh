@@ -10,7 +10,7 @@
 #   PICKET_JEPSEN   the harness binary  (default: the newer of
 #                   ${CARGO_TARGET_DIR:-target}/{release,debug}/picket-jepsen)
 #   PICKETD         the picketd binary  (default: the one beside the harness binary)
-#   ETCD            the etcd binary     (default: /usr/bin/etcd, Debian etcd-server 3.4)
+#   ETCD            the etcd binary     (default: etcd on PATH, Debian etcd-server 3.4)
 #   LONG_TIME       seconds of workload per run             (default: 600)
 #   LONG_JOBS       runs in parallel                        (default: 2; each run has its own
 #                   namespaces, so they do not interfere, but they share the CPUs)
@@ -43,7 +43,7 @@ nemesis=${LONG_NEMESIS:-kill,pause,partition,member,admin,clock}
 workloads=${LONG_WORKLOADS:-register set watch lease lock lock-set lock-fenced-set lock-kv-set}
 targets=${LONG_TARGETS:-picket etcd}
 seed=${LONG_SEED:-$(( (RANDOM << 15) | RANDOM ))}
-etcd=${ETCD:-/usr/bin/etcd}
+etcd=${ETCD:-$(command -v etcd)}
 
 runs=()
 for t in $targets; do

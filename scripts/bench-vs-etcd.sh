@@ -17,9 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-10}"
 rounds="${2:-1}"
-# setup-deps.sh only when something is missing: it also stops a system etcd, which must not
-# happen to a machine that already has everything.
-command -v etcd >/dev/null && command -v etcdctl >/dev/null || scripts/setup-deps.sh
+# Installs only what is missing; it starts and stops no service.
+scripts/setup-deps.sh
 # The same command CI uses, so feature unification (and the RocksDB build) is shared with it.
 # BENCH_NO_BUILD=1 uses the binaries already built (e.g. while other work is changing the tree).
 [ -n "${BENCH_NO_BUILD:-}" ] || cargo build --workspace --release

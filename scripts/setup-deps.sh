@@ -1,31 +1,40 @@
 #!/usr/bin/env bash
-# Installs the system packages Picket's build and tests need on a fresh Debian machine:
-#   libclang-dev       bindgen (rocksdb crate) needs libclang
-#   protobuf-compiler  the `etcd-client` crate used by the tests runs protoc in its build script
-#                      (Picket's own protos compile with the pure-Rust protox and need nothing)
-#   etcd-server/-client etcd 3.4 and etcdctl, for compatibility and side-by-side tests
-#   iptables           network partitions in the Jepsen-style harness
-#   faketime           libfaketime, for the harness's clock-skew nemesis (jepsen/tests/nemeses.rs)
-# It does nothing when everything is already present, so it is cheap to call every time.
+# Installs the Debian packages Picket's build, tests and fault harness need on a fresh machine.
+# It decides by package (dpkg-query), never by command or by a file that happens to exist: a new
+# machine ships `libclang-cpp14`, whose libclang-cpp.so matched an earlier file test while
+# bindgen still could not find libclang, and it has a `protoc`-less world where `protoc` alone
+# (without `libprotobuf-dev`) cannot find google/protobuf/descriptor.proto.
+#
+#   libclang-dev        bindgen (the rocksdb crate) loads libclang
+#   protobuf-compiler   the `etcd-client` crate (bench, jepsen, tests) runs protoc in its build
+#   libprotobuf-dev     protobuf's well-known .proto files that protoc needs for etcd's protos
+#                       (Picket's own protos compile with the pure-Rust protox and need neither)
+#   etcd-server         etcd 3.4, run beside Picket by compatibility tests and benchmarks
+#   etcd-client         etcdctl, the compatibility tests' client
+#   iproute2            `ip netns` and veth pairs for the harness's network-namespace mode
+#   iptables            network partitions in the harness
+#   faketime            libfaketime, the harness's clock-skew nemesis (jepsen/tests/nemeses.rs)
+#
+# It installs only what is missing, so it is cheap to call every time. It starts and stops no
+# service: Debian's etcd-server package may start an etcd on 2379/2380 where a service manager
+# runs; that etcd is the user's, and every test and script here uses ports below 32768 that are
+# not etcd's defaults, so the two never meet.
 set -euo pipefail
+packages=(libclang-dev protobuf-compiler libprotobuf-dev etcd-server etcd-client iproute2 iptables
+  faketime)
 need=()
-[ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null | head -n1)" ] || need+=(libclang-dev)
-command -v protoc >/dev/null || need+=(protobuf-compiler)
-command -v etcd >/dev/null || need+=(etcd-server)
-command -v etcdctl >/dev/null || need+=(etcd-client)
-command -v iptables >/dev/null || need+=(iptables)
-command -v faketime >/dev/null || need+=(faketime)
+for p in "${packages[@]}"; do
+  # `dpkg-query -W` succeeds for a package dpkg merely remembers (removed, config files left);
+  # the status field says whether it is really installed.
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [ "$status" = installed ] || need+=("$p")
+done
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
-  echo "installing: ${need[*]}" >&2
+  echo "setup-deps: installing ${need[*]}" >&2
   $sudo apt-get update -qq
+  # policy-rc.d-free machines may start etcd from the package's unit; we leave it running (see
+  # above). --no-install-recommends keeps the install small; every package we rely on is listed.
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-# Debian's etcd-server package starts an etcd on the default ports; it would collide with
-# tests and benchmarks that start their own, so stop it (ignore failure where there is no
-# service manager).
-if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
-  systemctl stop etcd || true
-fi
-pkill -x etcd -U 0 --parent 1 2>/dev/null || true

@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::net::TcpListener;
-
 use anyhow::{bail, ensure, Context, Result};
 use common::{picket, run, Running};
 use picket_tests::cluster::READY_TIMEOUT;
@@ -229,26 +227,10 @@ async fn completion_scripts() -> Result<()> {
     Ok(())
 }
 
-/// Three client ports whose port + 1 (the peer port) is free as well. The listeners are held
-/// while choosing so the six ports are distinct; they are released for picketd to bind.
+/// Three client ports whose port + 1 (the peer port) is reserved as well, below the ephemeral
+/// range and never etcd's defaults ([`picket_procs::ports`]).
 fn six_free_ports() -> Result<Vec<u16>> {
-    let mut held = Vec::new();
-    let mut ports = Vec::new();
-    for _ in 0..200 {
-        let l = TcpListener::bind("127.0.0.1:0")?;
-        let p = l.local_addr()?.port();
-        if p < u16::MAX {
-            if let Ok(peer) = TcpListener::bind(("127.0.0.1", p + 1)) {
-                ports.push(p);
-                held.push(peer);
-            }
-        }
-        held.push(l);
-        if ports.len() == 3 {
-            return Ok(ports);
-        }
-    }
-    bail!("could not find three free port pairs")
+    Ok(picket_procs::ports::reserve_pairs(3)?)
 }
 
 async fn start_local(dir: &std::path::Path, ports: &str) -> Result<(Running, Vec<String>)> {

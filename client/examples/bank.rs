@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! bank init   --endpoints E --accounts 8 --balance 100
-//! bank worker --endpoints E --id 1 --transfers 50 [--think-ms 100] [--ttl 2] [--unfenced]
+//! bank worker --endpoints E --id 1 --transfers 50 [--think-ms 100] [--ttl 2] [--unfenced] [--verbose]
 //! bank check  --endpoints E --accounts 8 --balance 100
 //! ```
 //!
@@ -16,7 +16,10 @@
 //! transaction skips the token comparison — run that under a pause to watch the total drift,
 //! which is what Redlock-style locks allow.
 //!
-//! Output: one line per worker at the end, `worker <id>: done <n> fenced <n> failed <n>`.
+//! Output: one line per worker at the end, `worker <id>: done <n> fenced <n> failed <n>`. With
+//! `--verbose` a worker also prints `worker <id>: holding <a> <b>` to stderr each time it holds
+//! both locks and has read both balances, just before it thinks: the moment to pause it
+//! (client/tests/client_examples.rs does).
 
 use std::time::Duration;
 
@@ -96,6 +99,7 @@ async fn worker(c: &Client, args: &[String], accounts: u64) -> Result<()> {
     let think = Duration::from_millis(num(args, "--think-ms", 50)?);
     let ttl = num(args, "--ttl", 2)? as i64;
     let fenced = !args.iter().any(|a| a == "--unfenced");
+    let verbose = args.iter().any(|a| a == "--verbose");
     let (mut done, mut refused, mut failed) = (0, 0, 0);
     // A small deterministic generator: the example needs variety, not randomness.
     let mut seed = id.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -107,7 +111,8 @@ async fn worker(c: &Client, args: &[String], accounts: u64) -> Result<()> {
         let a = next() % accounts;
         let b = (a + 1 + next() % (accounts - 1)) % accounts;
         let amount = (next() % 10 + 1) as i64;
-        match transfer(c, a, b, amount, think, ttl, fenced).await {
+        let announce = verbose.then_some(id);
+        match transfer(c, a, b, amount, think, ttl, fenced, announce).await {
             Ok(Outcome::Done) => done += 1,
             Ok(Outcome::Fenced) => refused += 1,
             // A session lost while waiting for a lock, a request that timed out while this
@@ -123,6 +128,9 @@ async fn worker(c: &Client, args: &[String], accounts: u64) -> Result<()> {
     Ok(())
 }
 
+/// Moves `amount` from `a` to `b` under both accounts' locks. `announce` (the worker id) prints
+/// the moment the worker holds both locks and has read the balances.
+#[allow(clippy::too_many_arguments)]
 async fn transfer(
     c: &Client,
     a: u64,
@@ -131,11 +139,15 @@ async fn transfer(
     think: Duration,
     ttl: i64,
     fenced: bool,
+    announce: Option<u64>,
 ) -> Result<Outcome> {
     let (first, second) = (a.min(b), a.max(b));
     let g1 = c.lock_with(lock_name(first), LockOptions::new().ttl(ttl)).await?;
     let g2 = c.lock_with(lock_name(second), LockOptions::new().ttl(ttl)).await?;
     let (ba, bb) = (balance(c, a).await?, balance(c, b).await?);
+    if let Some(id) = announce {
+        eprintln!("worker {id}: holding {a} {b}");
+    }
     tokio::time::sleep(think).await;
     let mut txn = Txn::new();
     if fenced {

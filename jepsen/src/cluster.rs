@@ -10,16 +10,15 @@
 //!
 //! No process outlives the cluster: `Drop` SIGKILLs every child it started, by its PID, which
 //! also runs when the harness panics or its run future is dropped on Ctrl-C. Nodes are also
-//! started through `setpriv --pdeathsig KILL` (util-linux) when it is installed, which gives them
+//! started through `setpriv --pdeathsig KILL` (util-linux, essential on Debian), which gives them
 //! a parent-death signal without `unsafe` `pre_exec` (the workspace forbids `unsafe`), so a
 //! SIGKILLed harness takes its nodes with it. The signal fires when the *thread* that spawned the
 //! node exits; nodes are spawned from the run future, which `block_on` polls on the main thread,
 //! so the signal fires only when the process ends.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,6 +26,8 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{info, warn};
+
+use picket_procs::signal::Signal;
 
 use crate::client;
 use crate::nemesis::{FaultError, Faults, NodeState};
@@ -36,9 +37,6 @@ use crate::netns::Network;
 /// address, so they can all use etcd's well-known ports).
 const NETNS_CLIENT_PORT: u16 = 2379;
 const NETNS_PEER_PORT: u16 = 2380;
-
-/// util-linux's `setpriv`, used to give nodes a parent-death signal.
-const SETPRIV: &str = "/usr/bin/setpriv";
 
 /// Pause between readiness probes: an election takes a few hundred milliseconds, so polling
 /// faster would only load the 2-core machine.
@@ -84,8 +82,10 @@ pub enum ClusterError {
     NotReady { node: String, waited: Duration, last_error: String },
     #[error("node {0} is not running")]
     NotRunning(String),
-    #[error("`kill -{signal} {pid}` failed: {message}")]
-    Signal { signal: &'static str, pid: u32, message: String },
+    #[error("signalling node {node}: {source}")]
+    Signal { node: String, source: picket_procs::signal::SignalError },
+    #[error(transparent)]
+    Missing(#[from] picket_procs::tools::Missing),
 }
 
 impl ClusterError {
@@ -145,37 +145,10 @@ pub struct ProcessCluster {
     unexpected_exits: Vec<(String, String)>,
 }
 
-/// Reserves `n` distinct free loopback ports. All listeners are held until every port is chosen,
-/// so the ports are distinct; they are then released for the nodes to bind.
+/// Reserves `n` loopback ports no other process of ours and no user's etcd can hold.
 fn free_ports(n: usize) -> Result<Vec<u16>, ClusterError> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<_>>()
-        .map_err(|e| ClusterError::io("reserving loopback ports", e))?;
-    listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect::<std::io::Result<_>>()
-        .map_err(|e| ClusterError::io("reading reserved ports", e))
-}
-
-/// Sends `signal` (a name such as `STOP`) with the `kill` binary, so no `unsafe` libc call is
-/// needed.
-fn send_signal(pid: u32, signal: &'static str) -> Result<(), ClusterError> {
-    let out = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| ClusterError::Signal { signal, pid, message: e.to_string() })?;
-    if !out.status.success() {
-        return Err(ClusterError::Signal {
-            signal,
-            pid,
-            message: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(())
+    picket_procs::ports::reserve(n)
+        .map_err(|e| ClusterError::io("reserving loopback ports", std::io::Error::other(e)))
 }
 
 /// The true wall-clock time in seconds since the epoch, written into the marker line of every
@@ -189,24 +162,7 @@ fn unix_now() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// The last `lines` lines of a log file (reads at most its last 64 KiB).
-pub fn tail(path: &Path, lines: usize) -> String {
-    let read = || -> std::io::Result<String> {
-        let mut f = File::open(path)?;
-        let len = f.metadata()?.len();
-        f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
-        let mut buf = Vec::new();
-        f.read_to_end(&mut buf)?;
-        Ok(String::from_utf8_lossy(&buf).into_owned())
-    };
-    match read() {
-        Ok(text) => {
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("<cannot read {}: {e}>", path.display()),
-    }
-}
+pub use picket_procs::logs::tail;
 
 impl ProcessCluster {
     /// Lays out `cfg.nodes` nodes on free loopback ports. Starts nothing.
@@ -335,7 +291,7 @@ impl ProcessCluster {
         if self.nodes[i].child.is_some() {
             return Ok(());
         }
-        let argv = self.command_line(i);
+        let argv = self.command_line(i)?;
         let n = &mut self.nodes[i];
         let mut log = OpenOptions::new()
             .create(true)
@@ -406,17 +362,15 @@ impl ProcessCluster {
     /// The full command line of node `i`: `[setpriv --pdeathsig KILL --] [ip netns exec <ns>]
     /// <server> <flags>`. setpriv and `ip netns exec` both exec the next program, so the child's
     /// PID is the server's own and signals sent by PID reach the server.
-    fn command_line(&self, i: usize) -> Vec<String> {
-        let mut argv: Vec<String> = Vec::new();
-        if Path::new(SETPRIV).is_file() {
-            argv.extend([SETPRIV, "--pdeathsig", "KILL", "--"].map(String::from));
-        }
+    fn command_line(&self, i: usize) -> Result<Vec<String>, ClusterError> {
+        let setpriv = picket_procs::guard::setpriv()?.display().to_string();
+        let mut argv: Vec<String> = vec![setpriv, "--pdeathsig".into(), "KILL".into(), "--".into()];
         if let Some(net) = &self.cfg.network {
             argv.extend(["ip", "netns", "exec", net.node_namespace(i)].map(String::from));
         }
         argv.push(self.cfg.bin.display().to_string());
         argv.extend(self.args(i));
-        argv
+        Ok(argv)
     }
 
     pub fn spawn_all(&mut self) -> Result<(), ClusterError> {
@@ -486,7 +440,9 @@ impl ProcessCluster {
     pub fn pause(&mut self, i: usize) -> Result<(), ClusterError> {
         let pid = self.pid(i)?;
         info!(node = %self.nodes[i].info.name, pid, "SIGSTOP");
-        send_signal(pid, "STOP")?;
+        let node = self.nodes[i].info.name.clone();
+        picket_procs::signal::send(pid, Signal::STOP)
+            .map_err(|source| ClusterError::Signal { node, source })?;
         self.nodes[i].paused = true;
         Ok(())
     }
@@ -495,7 +451,9 @@ impl ProcessCluster {
     pub fn resume(&mut self, i: usize) -> Result<(), ClusterError> {
         let pid = self.pid(i)?;
         info!(node = %self.nodes[i].info.name, pid, "SIGCONT");
-        send_signal(pid, "CONT")?;
+        let node = self.nodes[i].info.name.clone();
+        picket_procs::signal::send(pid, Signal::CONT)
+            .map_err(|source| ClusterError::Signal { node, source })?;
         self.nodes[i].paused = false;
         Ok(())
     }

@@ -107,9 +107,9 @@ enum Cmd {
         /// The picketd binary (default: next to this executable).
         #[arg(long)]
         picketd: Option<PathBuf>,
-        /// The etcd binary, for `--target etcd`.
-        #[arg(long, default_value = "/usr/bin/etcd")]
-        etcd: PathBuf,
+        /// The etcd binary, for `--target etcd` (default: `etcd` on PATH, Debian `etcd-server`).
+        #[arg(long)]
+        etcd: Option<PathBuf>,
         /// Serve gets as serializable (node-local) reads: a deliberately unsafe client, to
         /// show the checkers catch stale reads.
         #[arg(long)]
@@ -206,7 +206,10 @@ async fn run(cli: Cli, network: Option<Arc<Network>>, mode_note: String) -> anyh
                     Some(p) => p,
                     None => default_picketd()?,
                 },
-                Target::Etcd => etcd,
+                Target::Etcd => match etcd {
+                    Some(p) => p,
+                    None => picket_procs::tools::etcd()?,
+                },
             };
             let seed = seed.unwrap_or_else(|| rand::rng().random());
             let opts = TestOptions {

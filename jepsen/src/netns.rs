@@ -99,19 +99,20 @@ fn run(program: &str, args: &[&str]) -> Result<String, NetError> {
 /// Why network-namespace mode cannot run on this machine, or `None` when it can: it needs
 /// root, `ip netns` and `iptables`.
 pub fn unavailable_reason() -> Option<String> {
-    let uid = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| {
-        s.lines()
-            .find_map(|l| l.strip_prefix("Uid:"))
-            .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-    });
-    if uid.as_deref() != Some("0") {
-        return Some(format!("not running as root (effective uid {})", uid.unwrap_or("?".into())));
+    use picket_procs::tools;
+    if !tools::is_root() {
+        return Some("not running as root (namespaces and iptables need it)".into());
+    }
+    for found in [tools::ip(), tools::iptables()] {
+        if let Err(missing) = found {
+            return Some(missing.to_string());
+        }
     }
     if let Err(e) = run("ip", &["netns", "list"]) {
         return Some(format!("`ip netns` does not work: {e}"));
     }
     if let Err(e) = run("iptables", &["--version"]) {
-        return Some(format!("iptables is missing (apt-get install iptables): {e}"));
+        return Some(format!("iptables does not work: {e}"));
     }
     None
 }

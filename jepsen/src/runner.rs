@@ -393,7 +393,7 @@ async fn join_workers(
 
 /// One node's view of the store, from a serializable read of every key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct NodeView {
+pub(crate) struct NodeView {
     /// `header.revision`: the node's current store revision.
     revision: i64,
     /// SHA-256 (first 8 bytes, hex) over every key-value with its revisions, version and lease.
@@ -423,7 +423,7 @@ async fn node_view(url: &str) -> Result<NodeView, String> {
 }
 
 /// What [`agreement`] found.
-struct Agreement {
+pub(crate) struct Agreement {
     anomalies: Vec<Anomaly>,
     notes: Vec<String>,
     /// Each node's last answer, for `cluster.json`.
@@ -454,6 +454,15 @@ async fn agreement(cluster: &ProcessCluster) -> Agreement {
         }
         tokio::time::sleep(AGREEMENT_POLL).await;
     }
+    judge_agreement(&last)
+}
+
+/// The verdict on the nodes' last answers: disagreeing (revision, KV hash) pairs are an anomaly;
+/// nodes that did not answer are noted.
+fn judge_agreement(last: &[(String, Result<NodeView, String>)]) -> Agreement {
+    let disagree = |answers: &[&NodeView]| {
+        answers.windows(2).any(|w| w[0].revision != w[1].revision || w[0].hash != w[1].hash)
+    };
     let view: serde_json::Map<String, Value> = last
         .iter()
         .map(|(n, r)| {
@@ -488,7 +497,7 @@ async fn agreement(cluster: &ProcessCluster) -> Agreement {
 }
 
 /// Lines of node logs that show a crash: Rust panics, Go panics and fatal errors.
-fn scan_logs(nodes: &[NodeInfo]) -> Vec<Anomaly> {
+pub(crate) fn scan_logs(nodes: &[NodeInfo]) -> Vec<Anomaly> {
     let mut out = Vec::new();
     for n in nodes {
         let Ok(text) = std::fs::read_to_string(&n.log) else { continue };
@@ -767,3 +776,7 @@ pub fn print_results(dir: &Path, r: &Results) {
 pub fn node_log_tail(info: &NodeInfo) -> String {
     cluster::tail(&info.log, 40)
 }
+
+#[cfg(test)]
+#[path = "runner_tests.rs"]
+mod tests;

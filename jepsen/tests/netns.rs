@@ -5,10 +5,10 @@
 //! - the control: the same workload with `--unsafe-serializable-reads` (gets served from each
 //!   node's local state) must be reported not linearizable, exit status 1.
 //!
-//! Every test needs root, `ip netns` and iptables; without them it prints why and passes
-//! without checking anything (loopback mode is covered by `loopback.rs`). The runs need
-//! `picketd` built next to the harness (`cargo build --workspace`) or named by `$PICKETD_BIN`,
-//! and the etcd run `/usr/bin/etcd` (Debian `etcd-server`). Each run takes 30-45 s.
+//! Every test needs root, `ip netns` and iptables; without them it fails, naming what is missing
+//! (it never passes by skipping). The runs need `picketd` built next to the harness (`cargo build
+//! --workspace`) or named by `$PICKETD_BIN`, and the etcd runs `etcd` on PATH (Debian
+//! `etcd-server`). Each run takes 30-45 s.
 
 mod common;
 
@@ -17,22 +17,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{faults, harness, has_anomaly, verdict, Run};
+use common::{faults, harness, has_anomaly, require_etcd, require_netns, verdict, Run};
 use picket_jepsen::netns::{self, Network};
-
-/// Debian's etcd 3.4, for the comparison run.
-const ETCD: &str = "/usr/bin/etcd";
-
-/// Returns whether network-namespace mode can run here, printing the reason when not.
-fn netns_available(test: &str) -> bool {
-    match netns::unavailable_reason() {
-        None => true,
-        Some(reason) => {
-            println!("skipping {test}: {reason}");
-            false
-        }
-    }
-}
 
 fn namespaces() -> Vec<String> {
     let out = Command::new("ip").args(["netns", "list"]).output().expect("ip netns list");
@@ -63,9 +49,7 @@ fn connects(ns: &str, addr: SocketAddr, timeout: Duration) -> bool {
 
 #[test]
 fn links_are_cut_one_way_and_healed() {
-    if !netns_available("links_are_cut_one_way_and_healed") {
-        return;
-    }
+    require_netns();
     // A SYN to an address on the same bridge is answered in well under a millisecond; 1 s only
     // absorbs scheduling delays on a loaded machine. A dropped SYN is retried by the kernel only
     // after 1 s, so a cut link reliably fails within the same bound.
@@ -106,9 +90,7 @@ fn links_are_cut_one_way_and_healed() {
 
 #[test]
 fn sweep_removes_only_dead_runs() {
-    if !netns_available("sweep_removes_only_dead_runs") {
-        return;
-    }
+    require_netns();
     // A PID that has exited: the sweep must treat its namespace as a crashed run's.
     let mut child = Command::new("true").spawn().unwrap();
     let dead = child.id();
@@ -175,9 +157,7 @@ fn assert_valid(run: &Run) {
 
 #[test]
 fn register_under_partition_is_valid() {
-    if !netns_available("register_under_partition_is_valid") {
-        return;
-    }
+    require_netns();
     let dir = tempfile::tempdir().unwrap();
     let run = register_under_partition("picket", "42", &dir.path().join("run"));
     assert_valid(&run);
@@ -185,13 +165,8 @@ fn register_under_partition_is_valid() {
 
 #[test]
 fn etcd_register_under_partition_is_valid() {
-    if !netns_available("etcd_register_under_partition_is_valid") {
-        return;
-    }
-    if !Path::new(ETCD).is_file() {
-        println!("skipping etcd_register_under_partition_is_valid: {ETCD} missing");
-        return;
-    }
+    require_netns();
+    require_etcd();
     let dir = tempfile::tempdir().unwrap();
     let run = register_under_partition("etcd", "42", &dir.path().join("run"));
     assert_valid(&run);
@@ -199,9 +174,7 @@ fn etcd_register_under_partition_is_valid() {
 
 #[test]
 fn unsafe_serializable_reads_under_partition_are_caught() {
-    if !netns_available("unsafe_serializable_reads_under_partition_are_caught") {
-        return;
-    }
+    require_netns();
     // A partitioned node keeps serving its clients; with serializable gets it answers from its
     // own, frozen state while the majority moves on. (Followers also lag by milliseconds
     // without faults, which makes stale reads likely even before the first partition.)
@@ -258,9 +231,7 @@ fn netns_run(workload: &str, nemesis: &str, target: &str, out: &Path) -> Run {
 
 #[test]
 fn lock_fenced_set_under_partition_is_valid() {
-    if !netns_available("lock_fenced_set_under_partition_is_valid") {
-        return;
-    }
+    require_netns();
     let dir = tempfile::tempdir().unwrap();
     let run = netns_run("lock-fenced-set", "partition", "picket", &dir.path().join("run"));
     let r = &run.results;
@@ -273,13 +244,8 @@ fn lock_fenced_set_under_partition_is_valid() {
 
 #[test]
 fn etcd_lock_set_under_pause_is_unsafe() {
-    if !netns_available("etcd_lock_set_under_pause_is_unsafe") {
-        return;
-    }
-    if !Path::new(ETCD).is_file() {
-        println!("skipping etcd_lock_set_under_pause_is_unsafe: {ETCD} missing");
-        return;
-    }
+    require_netns();
+    require_etcd();
     // The control against etcd 3.4: its locks are not locks without fencing either.
     let dir = tempfile::tempdir().unwrap();
     let run = netns_run("lock-set", "pause", "etcd", &dir.path().join("run"));

@@ -154,8 +154,40 @@ fn https_detection_and_plain_dials() {
     assert!(is_https("HTTPS://a:1"));
     assert!(!is_https("http://a:1"));
     assert!(!is_https("a:1"));
-    tracing::info!("a plain http peer is dialed without TLS even when a peer CA is configured");
-    let dialer = PeerDialer::default();
-    let ep = Endpoint::from_static("http://127.0.0.1:1");
-    assert!(dialer.apply("http://127.0.0.1:1", ep).is_ok());
+}
+
+/// What a peer dial writes first: a TLS ClientHello (a handshake record, byte 0x16) or the
+/// plain HTTP/2 connection preface (`PRI * HTTP/2.0`). Observed on the wire, so a dialer that
+/// put TLS on a plain `http` peer, or dropped it from an `https` one, fails here.
+#[tokio::test]
+async fn peer_dials_use_tls_exactly_for_https_urls_even_with_a_peer_ca() {
+    use tokio::io::AsyncReadExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = write_pair(dir.path(), "peer");
+    let peer = SideFlags { side: Side::Peer, ..flags(&cert, &key, Some(&cert)) };
+    let dialer = PeerDialer::new(&SideTls::load(peer).expect("peer TLS loads"));
+    for (scheme, want_tls) in [("http", false), ("https", true)] {
+        tracing::info!(scheme, "dialing a peer through the dialer with a peer CA configured");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("{scheme}://{}", listener.local_addr().expect("addr"));
+        let endpoint = Endpoint::from_shared(url.clone()).expect("endpoint");
+        let endpoint = dialer.apply(&url, endpoint).expect("dialer accepts the URL");
+        // The dial cannot complete (nobody answers); it only has to write its first bytes.
+        let dial = tokio::spawn(async move { endpoint.connect().await });
+        // Bounded: a loopback connect and its first write take microseconds.
+        let bound = Duration::from_secs(10);
+        let (mut sock, _) =
+            tokio::time::timeout(bound, listener.accept()).await.expect("dialed").expect("accept");
+        let mut first = [0u8; 3];
+        tokio::time::timeout(bound, sock.read_exact(&mut first))
+            .await
+            .expect("first bytes written")
+            .expect("read");
+        if want_tls {
+            assert_eq!(first[0], 0x16, "{url}: expected a TLS handshake, got {first:?}");
+        } else {
+            assert_eq!(&first, b"PRI", "{url}: expected the plain HTTP/2 preface, got {first:?}");
+        }
+        dial.abort();
+    }
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-/// The environment variable that overrides where `picketd` is. Pointing it at `/usr/bin/etcd`
+/// The environment variable that overrides where `picketd` is. Pointing it at etcd (`$(command -v etcd)`)
 /// runs the suite against etcd itself, which is how the expected values were validated.
 pub const PICKETD_BIN_ENV: &str = "PICKETD_BIN";
 

@@ -9,11 +9,10 @@
 //! dropped without [`Cluster::finish`] (a failed assertion or an early `?` return) prints the tail
 //! of every member's log first, so a failure shows what the servers were doing.
 
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
-use std::net::TcpListener;
+use std::fs::OpenOptions;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -22,6 +21,7 @@ use tracing::info;
 
 use crate::binary::picketd_bin;
 use crate::util::POLL_INTERVAL;
+use picket_procs::signal::Signal;
 
 /// How long a cluster (or a restarted member) may take to answer a linearizable `get`. Safe
 /// because a member opens its store in well under a second and an election takes a few election
@@ -67,7 +67,7 @@ pub struct ClusterOptions {
     /// Any further flags, appended verbatim.
     pub extra_args: Vec<String>,
     /// The server binary; `None` means [`picketd_bin`] (`$PICKETD_BIN` or `picketd`). Tests
-    /// that compare with etcd set it to `/usr/bin/etcd`.
+    /// that compare with etcd set it to `picket_procs::tools::etcd()`.
     pub binary: Option<PathBuf>,
     /// Client URLs are `https://` (the members then need `--cert-file` etc. in `extra_args`).
     pub client_https: bool,
@@ -196,52 +196,19 @@ pub struct Cluster {
     finished: bool,
 }
 
-/// Reserves `n` distinct free loopback ports: all listeners are held until every port is
-/// chosen, so the ports are distinct, then released for the members to bind.
+/// Reserves `n` loopback ports that no other test process and no user's etcd can hold
+/// ([`picket_procs::ports`]).
 fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<std::io::Result<_>>()
-        .context("reserving loopback ports")?;
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr()?.port()))
-        .collect::<std::io::Result<_>>()
-        .context("reading reserved ports")
+    picket_procs::ports::reserve(n).context("reserving loopback ports")
 }
 
-/// Sends `signal` (a name such as `STOP`) to `pid` with the `kill` binary, so the harness needs
-/// no `unsafe` libc call.
-fn send_signal(pid: u32, signal: &str) -> Result<()> {
-    let status = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .stdin(Stdio::null())
-        .status()
-        .with_context(|| format!("running `kill -{signal} {pid}`"))?;
-    if !status.success() {
-        bail!("`kill -{signal} {pid}` failed: {status}");
-    }
-    Ok(())
+/// Sends `signal` to our child `pid` (kill(2), no `kill` binary needed).
+fn send_signal(pid: u32, signal: Signal) -> Result<()> {
+    picket_procs::signal::send(pid, signal).context("signalling a member")
 }
 
-/// The last `lines` lines of a log file (reads at most its last 64 KiB).
 fn tail(path: &Path, lines: usize) -> String {
-    let read = || -> std::io::Result<String> {
-        let mut f = File::open(path)?;
-        let len = f.metadata()?.len();
-        f.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
-        let mut buf = Vec::new();
-        f.read_to_end(&mut buf)?;
-        Ok(String::from_utf8_lossy(&buf).into_owned())
-    };
-    match read() {
-        Ok(text) => {
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("<cannot read {}: {e}>", path.display()),
-    }
+    picket_procs::logs::tail(path, lines)
 }
 
 /// Builds a client connected to exactly one endpoint, with bounded connect and request times.
@@ -403,6 +370,22 @@ impl Cluster {
             .with_context(|| format!("leader id {leader:#x} is not a known member id"))
     }
 
+    /// Waits (at most [`READY_TIMEOUT`]) until a running member names a leader other than
+    /// `old` (e.g. after `old` was killed), and returns it.
+    pub async fn new_leader(&self, old: usize) -> Result<usize> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            match self.leader().await {
+                Ok(l) if l != old => return Ok(l),
+                Ok(_) | Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(POLL_INTERVAL).await;
+                }
+                Ok(l) => bail!("member {l} still leads after {READY_TIMEOUT:?}"),
+                Err(e) => return Err(e.context(format!("no new leader after {READY_TIMEOUT:?}"))),
+            }
+        }
+    }
+
     fn args(&self, i: usize) -> Vec<String> {
         let m = &self.members[i];
         let mut a: Vec<String> = [
@@ -503,7 +486,9 @@ impl Cluster {
             self.bin.display(),
             args.join(" ")
         )?;
-        let child = Command::new(&self.bin)
+        // Through `setpriv --pdeathsig KILL`: a member dies with the test even when the test
+        // process is SIGKILLed and no `Drop` runs.
+        let child = picket_procs::guard::command(&self.bin)?
             .args(&args)
             .stdin(Stdio::null())
             .stdout(stdout)
@@ -612,7 +597,7 @@ impl Cluster {
         }
         let pid = self.pid(i)?;
         info!(member = %self.members[i].name, pid, "SIGTERM");
-        send_signal(pid, "TERM")?;
+        send_signal(pid, Signal::TERM)?;
         let deadline = Instant::now() + STOP_TIMEOUT;
         loop {
             if let Some(status) = self.try_wait(i)? {
@@ -651,7 +636,7 @@ impl Cluster {
     pub fn pause(&mut self, i: usize) -> Result<()> {
         let pid = self.pid(i)?;
         info!(member = %self.members[i].name, pid, "SIGSTOP");
-        send_signal(pid, "STOP")?;
+        send_signal(pid, Signal::STOP)?;
         self.members[i].paused = true;
         Ok(())
     }
@@ -660,7 +645,7 @@ impl Cluster {
     pub fn resume(&mut self, i: usize) -> Result<()> {
         let pid = self.pid(i)?;
         info!(member = %self.members[i].name, pid, "SIGCONT");
-        send_signal(pid, "CONT")?;
+        send_signal(pid, Signal::CONT)?;
         self.members[i].paused = false;
         Ok(())
     }

@@ -1,6 +1,6 @@
 //! Running Debian's `etcdctl` (v3.4) against a cluster, with a bounded wait.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,15 +9,14 @@ use anyhow::{bail, Context, Result};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::mpsc;
 
-/// Where Debian's `etcd-client` package installs `etcdctl`.
-pub const ETCDCTL: &str = "/usr/bin/etcdctl";
-
 /// Outer bound on one `etcdctl` run. etcdctl bounds itself with `--dial-timeout` (2 s) and
 /// `--command-timeout` (5 s); 30 s only catches a hung process, which is then killed.
 pub const ETCDCTL_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub fn available() -> bool {
-    Path::new(ETCDCTL).is_file()
+/// `etcdctl` on `PATH` (Debian's `etcd-client`), or an error naming the package. Every test
+/// that runs etcdctl fails with it when etcdctl is missing; none passes by skipping.
+pub fn path() -> Result<PathBuf> {
+    Ok(picket_procs::tools::etcdctl()?)
 }
 
 /// The result of one `etcdctl` run.
@@ -55,8 +54,9 @@ impl Etcdctl {
         Etcdctl { endpoints: endpoints.join(",") }
     }
 
-    fn command(&self, args: &[&str]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(ETCDCTL);
+    /// The command for `args`; fails (naming the package) when etcdctl is not installed.
+    fn command(&self, args: &[&str]) -> Result<tokio::process::Command> {
+        let mut cmd = tokio::process::Command::new(path()?);
         // Clear any ETCDCTL_* settings of the developer's shell so only our flags apply.
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("ETCDCTL_") {
@@ -64,7 +64,7 @@ impl Etcdctl {
             }
         }
         cmd.env("ETCDCTL_API", "3").arg("--endpoints").arg(&self.endpoints).args(args);
-        cmd
+        Ok(cmd)
     }
 
     /// Starts a long-running `etcdctl` (`watch`, `lock`, `elect`, `lease keep-alive`) whose
@@ -72,13 +72,13 @@ impl Etcdctl {
     /// dropped.
     pub fn spawn(&self, args: &[&str]) -> Result<CtlChild> {
         let mut child = self
-            .command(args)
+            .command(args)?
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
-            .with_context(|| format!("spawning {ETCDCTL} {args:?}"))?;
+            .with_context(|| format!("spawning etcdctl {args:?}"))?;
         let stdout = child.stdout.take().context("etcdctl stdout")?;
         let mut stderr_pipe = child.stderr.take().context("etcdctl stderr")?;
         let (line_tx, lines) = mpsc::unbounded_channel();
@@ -108,12 +108,12 @@ impl Etcdctl {
 
     /// Runs `ETCDCTL_API=3 etcdctl --endpoints <eps> <args>` with `stdin` fed in and closed.
     pub async fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<CtlOutput> {
-        let mut cmd = self.command(args);
+        let mut cmd = self.command(args)?;
         cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = cmd.spawn().with_context(|| format!("spawning {ETCDCTL}"))?;
+        let mut child = cmd.spawn().context("spawning etcdctl")?;
         if let Some(input) = stdin {
             let mut pipe = child.stdin.take().context("etcdctl stdin")?;
             pipe.write_all(input.as_bytes()).await.context("writing etcdctl stdin")?;

@@ -15,7 +15,7 @@
 //!   are checked exactly afterwards, and a HashKV agreement check.
 //!
 //! Because the flags are etcd's, the same suite runs against the reference implementation with
-//! `PICKETD_BIN=/usr/bin/etcd`; that is how the expectations in these tests were checked.
+//! `PICKETD_BIN=$(command -v etcd)`; that is how the expectations in these tests were checked.
 //!
 //! Every wait in this crate is bounded in time, and every retry loop is bounded in count and time,
 //! so a wedged server fails a test with a message instead of hanging the suite.

@@ -25,7 +25,8 @@ async fn concurrent_puts_through_every_member_get_distinct_revisions_and_converg
     let cluster = Cluster::start(3, ClusterOptions::default()).await?;
     let clients = cluster.clients().await?;
     let leader = cluster.leader().await?;
-    let index_before = clients[leader].clone().status().await?.raft_index();
+    let before = clients[leader].clone().status().await?;
+    let (index_before, term_before) = (before.raft_index(), before.raft_term());
 
     info!("{WRITERS} puts at once, spread over all members (followers forward to the leader)");
     let mut tasks = Vec::new();
@@ -50,15 +51,18 @@ async fn concurrent_puts_through_every_member_get_distinct_revisions_and_converg
         max_rev - min_rev == WRITERS as i64 - 1,
         "{WRITERS} puts took revisions {min_rev}..={max_rev}: one revision each, no gaps"
     );
-    let index_after = clients[leader].clone().status().await?.raft_index();
-    // Group commit makes this usually far fewer than one entry per put; how many depends on
-    // timing, so only the bound "never more entries than commands" (plus a blank entry or two
-    // from a possible re-election) is asserted.
-    info!(entries = index_after - index_before, puts = WRITERS, "raft entries for the puts");
+    let after = clients[leader].clone().status().await?;
+    let entries = after.raft_index() - index_before;
+    info!(entries, puts = WRITERS, "raft entries for the puts");
+    // The leader keeps one batch in flight at a time, so while the first entry is being written
+    // and replicated (an fsync and a round trip) the other puts queue behind it and share the
+    // next entries: 64 concurrent puts in 64 entries would mean group commit does not happen.
+    // A re-election adds a blank entry and restarts batching, so the bound is asserted only
+    // within one term (a term change is reported; it has not been seen on loopback).
+    ensure!(after.raft_term() == term_before, "the leader changed during the puts: {after:?}");
     ensure!(
-        index_after - index_before <= WRITERS as u64 + 2,
-        "{} entries for {WRITERS} puts",
-        index_after - index_before
+        entries < WRITERS as u64,
+        "{entries} entries for {WRITERS} puts: no entry carried more than one put"
     );
 
     info!("every key is readable on every member with the revision its put returned");

@@ -419,24 +419,10 @@ async fn hasleader_requests_fail_fast_without_a_leader() -> Result<()> {
     Ok(())
 }
 
-/// Returns `None` (after explaining why) when etcdctl is not installed.
-fn etcdctl_or_skip() -> Option<()> {
-    if etcdctl::available() {
-        Some(())
-    } else {
-        eprintln!(
-            "SKIPPED: {} is missing (install Debian's etcd-client package)",
-            etcdctl::ETCDCTL
-        );
-        None
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_member_endpoint_move_leader_and_snapshot() -> Result<()> {
-    if etcdctl_or_skip().is_none() {
-        return Ok(());
-    }
+    // Fails, naming the package, when etcdctl is missing: this test never passes by skipping.
+    etcdctl::path()?;
     let cluster = Cluster::start(3, ClusterOptions::default()).await?;
     wait_published(&cluster).await?;
     // URL endpoints (`http://...`), as `member list` reports them: etcdctl 3.4 sends them as the

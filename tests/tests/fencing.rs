@@ -219,29 +219,82 @@ async fn holder_is_told_at_once_when_its_lease_expires() -> Result<()> {
     Ok(())
 }
 
+/// One hold of the lock, timed on the test's monotonic clock.
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    token: i64,
+    /// When the lock's answer reached the holder.
+    granted: tokio::time::Instant,
+    /// When the holder sent its unlock.
+    release_sent: tokio::time::Instant,
+    /// When the unlock's answer reached the holder.
+    released: tokio::time::Instant,
+}
+
+/// Holds in token order, checked for overlap: each hold must begin (its grant answered) no
+/// earlier than the previous holder sent its unlock. The whole critical section is covered, from
+/// the grant's answer through the unlock's answer: a later grant may be answered while the
+/// previous unlock's answer is still on its way (both follow the same applied delete), but never
+/// before that unlock was sent. Tokens must increase in that order too.
+fn check_holds(mut holds: Vec<Hold>) -> std::result::Result<(), String> {
+    holds.sort_by_key(|h| h.token);
+    for w in holds.windows(2) {
+        let (a, b) = (w[0], w[1]);
+        if a.token == b.token {
+            return Err(format!("token {} granted twice", a.token));
+        }
+        if b.granted < a.release_sent {
+            return Err(format!(
+                "two holders at once: token {} granted {:?} before token {} sent its unlock",
+                b.token,
+                a.release_sent - b.granted,
+                a.token
+            ));
+        }
+        if b.granted < a.granted {
+            return Err(format!("token {} granted before the smaller {}", b.token, a.token));
+        }
+        debug_assert!(a.released >= a.release_sent);
+    }
+    Ok(())
+}
+
+#[test]
+fn the_overlap_checker_catches_overlapping_holds() {
+    let t0 = tokio::time::Instant::now();
+    let ms = |n| t0 + Duration::from_millis(n);
+    let hold =
+        |token, g, s, r| Hold { token, granted: ms(g), release_sent: ms(s), released: ms(r) };
+    // Back to back, and a grant answered before the previous unlock's answer: fine.
+    assert!(check_holds(vec![hold(5, 0, 10, 12), hold(7, 11, 20, 21)]).is_ok());
+    // Granted while the previous holder was still inside its critical section.
+    assert!(check_holds(vec![hold(5, 0, 10, 12), hold(7, 9, 20, 21)]).is_err());
+    // A larger token granted first.
+    assert!(check_holds(vec![hold(7, 0, 10, 12), hold(5, 11, 20, 21)]).is_err());
+}
+
 #[tokio::test]
 async fn contenders_never_overlap_and_tokens_increase() -> Result<()> {
-    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
+    use tokio::time::Instant;
     let cluster = Cluster::start(3, ClusterOptions::default()).await?;
-    let busy = Arc::new(AtomicBool::new(false));
-    let grants = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let holds = Arc::new(Mutex::new(Vec::<Hold>::new()));
     let mut tasks = Vec::new();
     for i in 0..4usize {
         let mut c = cluster.client(i % 3).await?;
-        let busy = busy.clone();
-        let grants = grants.clone();
+        let holds = holds.clone();
         tasks.push(tokio::spawn(async move {
             for _ in 0..5 {
                 let lease = c.lease_grant(30, None).await?.id();
                 let held = c.lock("shared", Some(LockOptions::new().with_lease(lease))).await?;
+                let granted = Instant::now();
+                // The critical section: a read of the token, a short stay, then the unlock.
                 let token = c.get(held.key(), None).await?.kvs()[0].create_revision();
-                // The shared resource: only one holder may be inside, and it sees tokens grow.
-                assert!(!busy.swap(true, Ordering::SeqCst), "two holders at once");
-                grants.lock().expect("grants").push(token);
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                busy.store(false, Ordering::SeqCst);
+                let release_sent = Instant::now();
                 c.unlock(held.key()).await?;
+                let released = Instant::now();
+                holds.lock().expect("holds").push(Hold { token, granted, release_sent, released });
                 c.lease_revoke(lease).await?;
             }
             anyhow::Ok(())
@@ -250,12 +303,11 @@ async fn contenders_never_overlap_and_tokens_increase() -> Result<()> {
     for t in tasks {
         tokio::time::timeout(Duration::from_secs(120), t).await???;
     }
-    let grants = grants.lock().expect("grants").clone();
-    assert_eq!(grants.len(), 20);
-    assert!(
-        grants.windows(2).all(|w| w[0] < w[1]),
-        "tokens strictly increase in grant order: {grants:?}"
-    );
+    let holds = holds.lock().expect("holds").clone();
+    assert_eq!(holds.len(), 20);
+    if let Err(e) = check_holds(holds.clone()) {
+        panic!("{e}: {holds:#?}");
+    }
     cluster.finish();
     Ok(())
 }

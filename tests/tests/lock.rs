@@ -23,6 +23,21 @@ async fn lock_with_lease(c: &mut Client, name: &str, ttl: i64) -> Result<(i64, V
     Ok((lease, resp.key().to_vec()))
 }
 
+/// Waits (at most [`PROMPT`]) until `key` exists under `prefix`: a waiter or candidate is
+/// observed to be queued, not assumed to be after a sleep.
+async fn key_appears(c: &Client, prefix: &str, key: String) -> Result<()> {
+    let what = format!("{key} queued");
+    picket_tests::util::eventually(&what, PROMPT, || {
+        let (mut c, want) = (c.clone(), key.clone());
+        async move {
+            let r = c.get(prefix, Some(GetOptions::new().with_prefix())).await?;
+            anyhow::ensure!(r.kvs().iter().any(|kv| kv.key() == want.as_bytes()), "not yet");
+            Ok(())
+        }
+    })
+    .await
+}
+
 #[tokio::test]
 async fn lock_grants_in_fifo_order_with_increasing_fencing_tokens() -> Result<()> {
     let cluster = Cluster::start(3, ClusterOptions::default()).await?;
@@ -144,7 +159,10 @@ async fn cancelled_waiter_removes_its_key_and_revoke_hands_off() -> Result<()> {
         tokio::spawn(
             async move { w.lock("cancel", Some(LockOptions::new().with_lease(lease2))).await },
         );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Observed, not assumed: the new waiter's key exists behind the holder's before the revoke,
+    // so the grant below is a hand-off to a queued waiter, not a lock taken when free.
+    key_appears(&c, "cancel/", format!("cancel/{lease2:x}")).await?;
+    anyhow::ensure!(!waiting.is_finished(), "the waiter was granted a held lock");
     c.lease_revoke(holder_lease).await?;
     let got = timeout(PROMPT, waiting).await??.context("lock after revoke")?;
     let owner = c
@@ -187,7 +205,9 @@ async fn election_campaign_proclaim_observe_resign() -> Result<()> {
 
     let mut b2 = b.clone();
     let campaign_b = tokio::spawn(async move { b2.campaign("elect", "beta", lb).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Observed, not assumed: b's candidate key exists (b is queued behind a) before we check
+    // that b has not won.
+    key_appears(&a, "elect/", format!("elect/{lb:x}")).await?;
     assert!(!campaign_b.is_finished(), "b must wait while a leads");
     a.resign(Some(ResignOptions::new().with_leader(leader_a.clone()))).await?;
     let won_b = timeout(PROMPT, campaign_b).await???;

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType, Client, Txn, TxnOp};
 use picket_tests::etcdctl::{self, Etcdctl};
 use picket_tests::{eventually, Cluster, ClusterOptions};
@@ -83,9 +83,7 @@ async fn put_works_again(client: &Client) -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nospace_alarm_refuses_growth_until_space_is_reclaimed() -> Result<()> {
-    if !etcdctl::available() {
-        bail!("{} is required (apt-get install etcd-client)", etcdctl::ETCDCTL);
-    }
+    etcdctl::path()?;
     let opts = ClusterOptions {
         extra_args: vec!["--quota-backend-bytes".into(), QUOTA.to_string()],
         ..Default::default()

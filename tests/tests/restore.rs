@@ -15,7 +15,7 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp,
 };
 use picket_server::restore::{restore_snapshot, RestoreOptions, RestoreReport};
-use picket_tests::etcdctl::{self, Etcdctl};
+use picket_tests::etcdctl::Etcdctl;
 use picket_tests::util::rev;
 use picket_tests::{assert_status, eventually, kvs, Cluster, ClusterOptions, Kv};
 use tonic::Code;
@@ -208,16 +208,13 @@ async fn every_member_of_a_new_three_member_cluster_restores_from_one_file() -> 
     let mut c = src_cluster.client(0).await?;
     let src = populate(&mut c).await?;
     let path = src_cluster.root().join("backup.db");
-    if etcdctl::available() {
+    {
         info!("saving with etcdctl snapshot save");
         let path_str = path.display().to_string();
         Etcdctl::new(&src_cluster.endpoints()[..1])
             .run(&["snapshot", "save", &path_str], None)
             .await?
             .ok()?;
-    } else {
-        info!("etcdctl is not installed; saving through etcd-client");
-        std::fs::write(&path, save_snapshot(&mut c).await?)?;
     }
 
     info!("phase: restore all three members from the same file and start them");

@@ -210,7 +210,17 @@ pub async fn election(c: &Client) -> Result<()> {
     let c2 = c.clone();
     let s2b = s2.clone();
     let second = tokio::spawn(async move { c2.campaign("el", "two", &s2b).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Observed, not assumed: the second candidate's key exists (it is queued) before we check
+    // that it has not won. Bounded: 10 s at 20 ms per look.
+    let mut queued = false;
+    for _ in 0..500 {
+        if c.get_prefix("el/").await?.len() == 2 {
+            queued = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ensure!(queued, "the second candidate never queued");
     ensure!(!second.is_finished(), "second candidate waits");
     c.resign(&l1).await?;
     let l2 = tokio::time::timeout(Duration::from_secs(10), second).await???;

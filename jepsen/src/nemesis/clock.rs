@@ -35,7 +35,6 @@
 //! The fault is recorded with the node, the `FAKETIME` value and the hold; the heal restarts
 //! the node without the library (`restart` with `clock: "true"`).
 
-use std::path::Path;
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -47,9 +46,16 @@ use super::{
     NodeState,
 };
 
-/// The multi-threaded build of libfaketime (picketd is multi-threaded), from Debian's
-/// `libfaketime`.
-pub const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+/// The multi-threaded build of libfaketime (picketd is multi-threaded), found through Debian's
+/// `libfaketime` package's file list (its directory names the architecture). When it is missing
+/// the bare file name is used, which the loader cannot find; the runner refuses the `clock`
+/// nemeses before that happens ([`unavailable_reason`]).
+fn libfaketime() -> String {
+    picket_procs::tools::libfaketime().map_or_else(
+        |_| picket_procs::tools::LIBFAKETIME_MT.to_string(),
+        |p| p.display().to_string(),
+    )
+}
 
 /// How long the node runs with the skewed clock.
 const HOLD_MIN: Duration = Duration::from_secs(5);
@@ -81,8 +87,7 @@ enum Skew {
 
 /// Why the clock nemesis cannot run here, or `None` when libfaketime is installed.
 pub fn unavailable_reason() -> Option<String> {
-    (!Path::new(LIBFAKETIME).is_file())
-        .then(|| format!("{LIBFAKETIME} is missing (Debian: apt-get install faketime libfaketime)"))
+    picket_procs::tools::libfaketime().err().map(|e| e.to_string())
 }
 
 #[derive(Debug, Default)]
@@ -132,7 +137,7 @@ impl ClockNemesis {
             }
         };
         let mut vars = vec![
-            ("LD_PRELOAD".to_string(), LIBFAKETIME.to_string()),
+            ("LD_PRELOAD".to_string(), libfaketime()),
             ("FAKETIME".to_string(), faketime.clone()),
         ];
         if self.skew == Skew::Wall {
@@ -236,7 +241,8 @@ mod tests {
             let (faketime, vars) = n.environment(&mut rng);
             assert_eq!(var(&vars, "FAKETIME"), Some(faketime.as_str()));
             assert_eq!(var(&vars, "FAKETIME_DONT_FAKE_MONOTONIC"), Some("1"));
-            assert_eq!(var(&vars, "LD_PRELOAD"), Some(LIBFAKETIME));
+            let lib = var(&vars, "LD_PRELOAD").unwrap_or_default();
+            assert!(lib.ends_with(picket_procs::tools::LIBFAKETIME_MT), "{lib}");
             assert!(faketime.starts_with(['+', '-']), "{faketime}");
         }
     }

@@ -74,3 +74,20 @@ pub fn has_anomaly(r: &Value, checkers: &[&str], kind: &str) -> bool {
             .is_some_and(|a| a.iter().any(|x| x["kind"] == kind))
     })
 }
+
+/// Fails the test, naming what is missing, unless network-namespace mode can run here (root,
+/// `ip netns`, iptables). A test that cannot run fails; it never passes by skipping.
+#[allow(dead_code)] // not every test file uses every helper
+pub fn require_netns() {
+    if let Some(reason) = picket_jepsen::netns::unavailable_reason() {
+        panic!("network-namespace mode cannot run here: {reason}");
+    }
+}
+
+/// Fails the test unless Debian's etcd 3.4 is on `PATH` (the comparison runs need it).
+#[allow(dead_code)]
+pub fn require_etcd() {
+    if let Err(missing) = picket_procs::tools::etcd() {
+        panic!("{missing}");
+    }
+}
