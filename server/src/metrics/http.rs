@@ -64,6 +64,7 @@ fn has_query_flag(uri: &Uri, name: &str) -> bool {
 
 async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
     state.metrics.observe_store(&state.ctx.sm);
+    state.metrics.observe_in_flight(state.ctx.proposer.oldest_in_flight());
     match state.metrics.render() {
         Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text)
             .into_response(),

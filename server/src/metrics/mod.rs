@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use parking_lot::RwLock;
 use prometheus::{
-    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    exponential_buckets, Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter,
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use thiserror::Error;
@@ -72,6 +72,7 @@ pub struct Metrics {
     pub(crate) snapshot_index: IntGauge,
 
     proposals_pending: IntGauge,
+    oldest_in_flight: Gauge,
     proposals_failed: IntCounter,
     proposal_seconds: Histogram,
 
@@ -181,6 +182,15 @@ impl Metrics {
             proposals_pending: gauge(
                 "server_proposals_pending",
                 "Client proposals waiting to be committed and applied.",
+            )?,
+            oldest_in_flight: register(
+                r,
+                Gauge::new(
+                    "server_proposal_oldest_in_flight_seconds",
+                    "Age of the oldest group-commit entry on this member still waiting for its \
+                     outcome (0 when none). Bounded by the request timeout; a value near it means \
+                     writes on this member are stalling.",
+                )?,
             )?,
             proposals_failed: counter(
                 "server_proposals_failed_total",
@@ -314,6 +324,11 @@ impl Metrics {
     /// Counts one watcher catching up from history while the guard lives.
     pub fn slow_watcher(&self) -> disk::GaugeGuard {
         disk::GaugeGuard::new(&self.slow_watchers)
+    }
+
+    /// Records the age of the oldest proposal entry in flight (`None`: none), at scrape time.
+    pub fn observe_in_flight(&self, oldest: Option<std::time::Duration>) {
+        self.oldest_in_flight.set(oldest.map_or(0.0, |d| d.as_secs_f64()));
     }
 
     /// Refreshes the gauges that are read from the store at scrape time.

@@ -13,9 +13,10 @@ use picket_proto::etcdserverpb::{
 use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
 use picket_proto::picket::raft::v1::raft_service_server::{RaftService, RaftServiceServer};
 use picket_proto::picket::raft::v1::{
-    CommandResult, ForwardBatchRequest, ForwardBatchResponse, ForwardRequest, RaftFrame,
-    RaftPayload, ReadIndexRequest, ReadIndexResponse,
+    CommandResult, ForwardBatchRequest, ForwardBatchResponse, ForwardRequest, RaftCommand,
+    RaftFrame, RaftPayload, ReadIndexRequest, ReadIndexResponse,
 };
+use prost::Message;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status, Streaming};
@@ -33,7 +34,13 @@ enum Mode {
     SlowFirst,
     /// Predates the stream: `Unimplemented`.
     Old,
+    /// Answers `ForwardBatch` with one result per command, each over 4 MiB (a Txn whose range
+    /// read a large value), as a leader that applied them would.
+    BigForward,
 }
+
+/// The size of each result `Mode::BigForward` answers with: over tonic's default 4 MiB.
+const BIG_RESULT: usize = 5 * 1024 * 1024;
 
 const SLOW: Duration = Duration::from_millis(300);
 
@@ -96,9 +103,26 @@ impl RaftService for Fake {
     }
     async fn forward_batch(
         &self,
-        _: Request<ForwardBatchRequest>,
+        req: Request<ForwardBatchRequest>,
     ) -> Result<Response<ForwardBatchResponse>, Status> {
-        nope()
+        use picket_proto::etcdserverpb::{PutResponse, ResponseHeader};
+        use picket_proto::mvccpb::KeyValue;
+        use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+        use picket_proto::picket::raft::v1::forward_outcome::Outcome;
+        use picket_proto::picket::raft::v1::ForwardOutcome;
+        if !matches!(self.mode, Mode::BigForward) {
+            return nope();
+        }
+        let big = |i: usize| CommandResult {
+            result: Some(CmdResult::Put(PutResponse {
+                header: Some(ResponseHeader { revision: i as i64 + 2, ..Default::default() }),
+                prev_kv: Some(KeyValue { value: vec![b'x'; BIG_RESULT], ..Default::default() }),
+            })),
+        };
+        let outcomes = (0..req.into_inner().commands.len())
+            .map(|i| ForwardOutcome { outcome: Some(Outcome::Result(big(i))) })
+            .collect();
+        Ok(Response::new(ForwardBatchResponse { outcomes }))
     }
     async fn read_index(
         &self,
@@ -132,11 +156,12 @@ async fn peer(mode: Mode) -> Peer {
     let fake = Fake { mode, streams: streams.clone(), unary: Arc::new(AtomicU64::new(0)) };
     tokio::spawn(
         Server::builder()
-            .add_service(RaftServiceServer::new(fake))
+            // The real peer service lifts its limits the same way (node.rs).
+            .add_service(RaftServiceServer::new(fake).max_encoding_message_size(usize::MAX))
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
     let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
-    Peer { client: RaftServiceClient::new(channel), streams }
+    Peer { client: super::network::peer_client(channel), streams }
 }
 
 async fn answer(s: &mut AppendStream, p: &Peer, bytes: &[u8]) -> Result<Vec<u8>, Status> {
@@ -201,4 +226,21 @@ async fn a_peer_without_the_stream_gets_unary_calls_for_good() {
         }
     }
     assert_eq!(p.streams.load(Ordering::SeqCst), 0);
+}
+
+/// Issue 19, finding 3: a leader's `ForwardBatch` reply over 4 MiB (applied commands whose
+/// results are large) must reach the follower's callers as their results. Seen failing on
+/// 163ae63: with tonic's default 4 MiB decode limit on the peer client, every command of the
+/// group got "decoded message length too large" as a definite error although the leader had
+/// applied them.
+#[tokio::test]
+async fn a_forward_reply_over_4_mib_reaches_every_caller() {
+    let p = peer(Mode::BigForward).await;
+    let cmds = vec![RaftCommand::default(); 2];
+    let outcomes = super::forward::forward_group(p.client, cmds, &Default::default()).await;
+    assert_eq!(outcomes.len(), 2);
+    for (i, o) in outcomes.into_iter().enumerate() {
+        let r = o.unwrap_or_else(|e| panic!("command {i}: {e}"));
+        assert!(r.encoded_len() > BIG_RESULT, "command {i}: a result of {}", r.encoded_len());
+    }
 }

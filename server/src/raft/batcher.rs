@@ -27,6 +27,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -36,6 +37,7 @@ use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::{BatchResult, CommandBatch, CommandResult, RaftCommand};
 use prost::Message;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 use tonic::Status;
 
 use super::proposer::ProposeError;
@@ -56,6 +58,16 @@ pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// so a second entry in flight cannot share the leader's fsync; it only waits inside openraft
 /// holding commands the next, larger batch would have carried.
 pub const MAX_IN_FLIGHT: usize = 1;
+
+/// Bound on one entry in flight, from its start to its callers' answers: the server's default
+/// request timeout (`--request-timeout`, 7 s); the proposer passes its own. Without a bound an
+/// entry whose writer openraft never answers (0.9 purges instead of truncating an entry that a
+/// follower's snapshot install covers) holds its slot forever and every later write on the
+/// member queues behind it (issue 19). Safe: every caller in the entry has a deadline no later
+/// than this (they joined before it started), and callers of an entry that runs out are told
+/// "outcome unknown" (`ProposeError::Timeout`), never "failed", so none retries a command that
+/// may yet apply.
+pub const DEFAULT_ENTRY_TIMEOUT: Duration = Duration::from_secs(7);
 
 /// Where a batcher's entries go: on the leader, openraft's `client_write`.
 pub trait EntrySink: Send + Sync + 'static {
@@ -119,6 +131,8 @@ pub struct Limits {
     pub max_commands: usize,
     pub max_bytes: usize,
     pub max_in_flight: usize,
+    /// Bound on one entry in flight ([`DEFAULT_ENTRY_TIMEOUT`]).
+    pub entry_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -127,6 +141,7 @@ impl Default for Limits {
             max_commands: MAX_BATCH_COMMANDS,
             max_bytes: MAX_BATCH_BYTES,
             max_in_flight: MAX_IN_FLIGHT,
+            entry_timeout: DEFAULT_ENTRY_TIMEOUT,
         }
     }
 }
@@ -143,6 +158,8 @@ struct Pending {
 struct State {
     queue: VecDeque<Pending>,
     in_flight: usize,
+    /// When each entry now in flight started, oldest first (for the stall metric).
+    started: VecDeque<Instant>,
     /// Entries proposed so far, for tests and metrics.
     entries: u64,
 }
@@ -171,6 +188,7 @@ impl<S: BatchSink> ProposalBatcher<S> {
             max_commands: limits.max_commands.max(1),
             max_bytes: limits.max_bytes,
             max_in_flight: limits.max_in_flight.max(1),
+            entry_timeout: limits.entry_timeout,
         };
         Self { shared: Arc::new(Shared { sink, limits, state: Mutex::new(State::default()) }) }
     }
@@ -190,6 +208,13 @@ impl<S: BatchSink> ProposalBatcher<S> {
     pub fn entries(&self) -> u64 {
         self.shared.state.lock().entries
     }
+
+    /// How long the oldest entry now in flight has been waiting for its outcome; `None` when
+    /// nothing is in flight. Bounded by the entry timeout; a value near it means writes on this
+    /// member are stalling (exported as `picket_server_proposal_oldest_in_flight_seconds`).
+    pub fn oldest_in_flight(&self) -> Option<Duration> {
+        self.shared.state.lock().started.front().map(Instant::elapsed)
+    }
 }
 
 /// Starts entries while fewer than `max_in_flight` are in flight and commands are queued.
@@ -204,14 +229,16 @@ fn pump<S: BatchSink>(shared: &Arc<Shared<S>>) {
             }
             s.in_flight += 1;
             s.entries += 1;
-            ready.push(batch);
+            let now = Instant::now();
+            s.started.push_back(now);
+            ready.push((batch, now));
         }
     }
-    for batch in ready {
+    for (batch, started) in ready {
         let shared = shared.clone();
         tokio::spawn(async move {
-            let in_flight = InFlight(shared.clone());
-            run(&shared.sink, batch).await;
+            let in_flight = InFlight(shared.clone(), started);
+            run(&shared.sink, batch, shared.limits.entry_timeout).await;
             drop(in_flight);
             pump(&shared);
         });
@@ -219,11 +246,15 @@ fn pump<S: BatchSink>(shared: &Arc<Shared<S>>) {
 }
 
 /// Releases an in-flight slot, also when the entry's task is aborted.
-struct InFlight<S>(Arc<Shared<S>>);
+struct InFlight<S>(Arc<Shared<S>>, Instant);
 
 impl<S> Drop for InFlight<S> {
     fn drop(&mut self) {
-        self.0.state.lock().in_flight -= 1;
+        let mut s = self.0.state.lock();
+        s.in_flight -= 1;
+        if let Some(i) = s.started.iter().position(|t| *t == self.1) {
+            s.started.remove(i);
+        }
     }
 }
 
@@ -250,8 +281,8 @@ fn take_batch(queue: &mut VecDeque<Pending>, limits: &Limits) -> Vec<Pending> {
     batch
 }
 
-/// Sends `batch` through the sink and answers each caller with its own outcome.
-async fn run<S: BatchSink>(sink: &S, batch: Vec<Pending>) {
+/// Sends `batch` through the sink and answers each caller with its own outcome, within `bound`.
+async fn run<S: BatchSink>(sink: &S, batch: Vec<Pending>, bound: Duration) {
     let n = batch.len();
     let mut replies = Vec::with_capacity(n);
     let mut commands = Vec::with_capacity(n);
@@ -259,7 +290,16 @@ async fn run<S: BatchSink>(sink: &S, batch: Vec<Pending>) {
         replies.push(p.reply);
         commands.push(p.cmd);
     }
-    let outcomes = sink.send(commands).await;
+    let Ok(outcomes) = tokio::time::timeout(bound, sink.send(commands)).await else {
+        // The entry may still commit (or may have been dropped by openraft without an answer):
+        // its outcome is unknown, so every caller hears exactly that, and the slot is freed
+        // for the writes queued behind it.
+        tracing::warn!(commands = n, ?bound, "entry unanswered within its bound; outcome unknown");
+        for reply in replies {
+            let _ = reply.send(Err(ProposeError::Timeout));
+        }
+        return;
+    };
     if outcomes.len() != n {
         // A sink answers every command; anything else is a bug. Whether the commands were
         // applied is unknown, so report the indeterminate outcome, never a retryable one.

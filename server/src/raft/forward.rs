@@ -100,7 +100,7 @@ impl<L: LeaderLink> BatchSink for Forwarder<L> {
     }
 }
 
-async fn forward_group(
+pub(super) async fn forward_group(
     mut client: RaftServiceClient<Channel>,
     cmds: Vec<RaftCommand>,
     legacy_until: &Mutex<Option<Instant>>,
@@ -145,17 +145,19 @@ async fn forward_one_by_one(
     .await
 }
 
-/// What a failed forwarding RPC means for each command it carried.
+/// What a failed forwarding RPC means for each command it carried. Only two failures are
+/// definite: the leader's "not leader" refusal (before appending) and a request that never left
+/// this member. Any other error came after the request may have reached the leader, which may
+/// have applied the commands (a reply it could not deliver, a decode error of a large reply, a
+/// broken connection): their outcome is unknown, and reporting a failure would invite a retry
+/// that applies them twice (issue 19, finding 3).
 fn rpc_failure(s: Status) -> ProposeError {
     if s.message().starts_with(NOT_LEADER) || never_sent(&s) {
         // The leader refused before appending, or the request never left: safe to retry.
         ProposeError::NotLeader(None)
-    } else if s.code() == Code::Unavailable || s.code() == Code::Unknown {
-        // The connection broke after the request may have reached the leader.
-        tracing::warn!(error = %s, "forwarded proposal failed");
-        ProposeError::Timeout
     } else {
-        ProposeError::Remote(s)
+        tracing::warn!(error = %s, "forwarded proposal failed after it may have been sent");
+        ProposeError::Timeout
     }
 }
 
@@ -240,9 +242,13 @@ mod tests {
         assert!(matches!(rpc_failure(not_leader), ProposeError::NotLeader(None)));
         assert!(matches!(rpc_failure(Status::unavailable("broken pipe")), ProposeError::Timeout));
         assert!(matches!(rpc_failure(Status::unknown("reset")), ProposeError::Timeout));
+        // A reply the follower could not decode (it was over a size limit) after the leader
+        // applied the commands: unknown, never a failure. Seen failing on 163ae63 (Remote).
+        let too_big = Status::out_of_range("decoded message length too large");
+        assert!(matches!(rpc_failure(too_big), ProposeError::Timeout));
         assert!(matches!(
             rpc_failure(Status::resource_exhausted("too big")),
-            ProposeError::Remote(_)
+            ProposeError::Timeout
         ));
     }
 }

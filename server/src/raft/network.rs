@@ -43,6 +43,18 @@ pub fn peer_channel(url: &str, dialer: &PeerDialer) -> Result<Channel, tonic::tr
     Ok(dialer.apply(url, endpoint)?.connect_lazy())
 }
 
+/// A Raft-service client for a peer, with tonic's message-size limits lifted. Peers are members
+/// of this cluster, and their replies can be large by design: a `ForwardBatch` reply carries up
+/// to 256 applied results (Txns whose ranges read whole prefixes), a snapshot or an append
+/// carries up to a few MiB of entries. With tonic's default 4 MiB decode limit such a reply
+/// became an error after the leader had applied the commands (issue 19). What bounds these
+/// messages is the sender (the batcher's byte limit, the request size limit), not the receiver.
+pub fn peer_client(channel: Channel) -> RaftServiceClient<Channel> {
+    RaftServiceClient::new(channel)
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX)
+}
+
 pub fn encode<T: Serialize>(v: &T) -> Result<RaftPayload, postcard::Error> {
     Ok(RaftPayload { payload: postcard::to_allocvec(v)? })
 }
@@ -100,7 +112,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 
     async fn new_client(&mut self, target: NodeId, node: &Member) -> PeerClient {
         let url = node.peer_urls.first().map(String::as_str).unwrap_or_default();
-        let client = self.channel(target, url).map(RaftServiceClient::new);
+        let client = self.channel(target, url).map(peer_client);
         if client.is_none() {
             tracing::warn!(node_id = target, url = %url, "invalid peer url");
         }

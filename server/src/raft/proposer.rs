@@ -31,7 +31,7 @@ use tonic::{Code, Status};
 
 use super::batcher::{EntrySink, Limits, ProposalBatcher};
 use super::forward::{Forwarder, LeaderLink};
-use super::network::peer_channel;
+use super::network::{peer_channel, peer_client};
 use super::read_index::{ReadIndexBatcher, ReadIndexSource};
 use super::types::{Command, NodeId, Raft};
 use crate::tls::PeerDialer;
@@ -126,10 +126,14 @@ impl Proposer {
             paused_until: Mutex::new(None),
             local_reads: ReadIndexBatcher::new(LocalReads(me.clone())),
             leader_reads: ReadIndexBatcher::new(LeaderReads(me.clone())),
-            writes: ProposalBatcher::new(LocalWrites(me.clone()), batch_limits()),
+            writes: ProposalBatcher::new(LocalWrites(me.clone()), batch_limits(request_timeout)),
             forwards: ProposalBatcher::new(
                 Forwarder::new(me.clone()),
-                Limits { max_in_flight: super::forward::MAX_IN_FLIGHT, ..Limits::default() },
+                Limits {
+                    max_in_flight: super::forward::MAX_IN_FLIGHT,
+                    entry_timeout: request_timeout,
+                    ..Limits::default()
+                },
             ),
         });
         Self { inner }
@@ -173,6 +177,12 @@ impl Proposer {
         if self.paused() {
             // Nothing was appended, so the caller may retry (elsewhere) safely.
             return Err(ProposeError::NotLeader(None));
+        }
+        if let Some(other) = self.inner.other_leader() {
+            // Never queue into the local batcher while this member is not the leader: its
+            // entries could only be refused (or, after a step-down, left unanswered), and they
+            // would hold the slot every later write needs. Nothing was appended: retry safely.
+            return Err(ProposeError::NotLeader(other));
         }
         if matches!(cmd.0.cmd, Some(Cmd::Batch(_))) {
             // Batches are built by the batcher from single commands; one arriving from outside
@@ -274,6 +284,12 @@ impl Proposer {
         }
     }
 
+    /// How long the oldest group-commit entry on this member has waited for its outcome
+    /// (`None`: none in flight); see [`ProposalBatcher::oldest_in_flight`].
+    pub fn oldest_in_flight(&self) -> Option<Duration> {
+        self.inner.writes.oldest_in_flight()
+    }
+
     /// A client for the current leader, if one is known and it is not this member.
     pub fn leader_client(&self) -> Option<RaftServiceClient<Channel>> {
         let leader = self.inner.raft.metrics().borrow().current_leader?;
@@ -308,6 +324,13 @@ impl Inner {
         self.paused_until.lock().is_some_and(|t| Instant::now() < t)
     }
 
+    /// `Some(leader hint)` when this member does not lead according to its Raft metrics (the
+    /// hint is another member, or `None` while no leader is known); `None` when it leads.
+    fn other_leader(&self) -> Option<Option<NodeId>> {
+        let leader = self.raft.metrics().borrow().current_leader;
+        (leader != Some(self.node_id)).then_some(leader)
+    }
+
     fn peer_client(&self, node_id: NodeId) -> Option<RaftServiceClient<Channel>> {
         let url = {
             let metrics = self.raft.metrics();
@@ -318,15 +341,16 @@ impl Inner {
         if let Some(c) = peers.get(&url) {
             return Some(c.clone());
         }
-        let client = RaftServiceClient::new(peer_channel(&url, &self.dialer).ok()?);
+        let client = peer_client(peer_channel(&url, &self.dialer).ok()?);
         peers.insert(url, client.clone());
         Some(client)
     }
 }
 
-/// The batcher's limits: the defaults, with the pipeline depth overridable for benchmarks.
-fn batch_limits() -> Limits {
-    let mut limits = Limits::default();
+/// The batcher's limits: the defaults, each entry bounded by the request timeout, with the
+/// pipeline depth overridable for benchmarks.
+fn batch_limits(request_timeout: Duration) -> Limits {
+    let mut limits = Limits { entry_timeout: request_timeout, ..Limits::default() };
     if let Some(k) = std::env::var(IN_FLIGHT_ENV).ok().and_then(|v| v.parse::<usize>().ok()) {
         tracing::info!(in_flight = k, "group commit pipeline depth overridden by {IN_FLIGHT_ENV}");
         limits.max_in_flight = k;
@@ -347,13 +371,26 @@ impl EntrySink for LocalWrites {
                 // appended, so every caller may retry (elsewhere) safely.
                 return Err(ProposeError::NotLeader(None));
             }
+            if let Some(other) = inner.other_leader() {
+                // Leadership moved while these commands were queued: not proposed, so every
+                // caller may retry (elsewhere) safely.
+                return Err(ProposeError::NotLeader(other));
+            }
             match inner.raft.client_write(cmd).await {
                 Ok(resp) => Ok(resp.data.0),
-                // openraft answers ForwardToLeader either before appending or after the entry
-                // was truncated by a new leader; in both cases it is not and never will be
-                // committed.
+                // The metrics said this member leads, so the core most likely appended the
+                // entry and answers ForwardToLeader because a new leader truncated it here.
+                // That does not mean it will never commit: with five or more voters another
+                // member that holds it can still win an election and commit it (issue 19,
+                // finding 5). So this is "outcome unknown", never a retryable refusal. (If the
+                // core stepped down just before appending, reporting unknown is merely
+                // conservative.)
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                    Err(ProposeError::NotLeader(f.leader_id))
+                    tracing::warn!(
+                        leader = ?f.leader_id,
+                        "leadership lost with the entry in flight; outcome unknown"
+                    );
+                    Err(ProposeError::Timeout)
                 }
                 Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
                     Err(ProposeError::Remote(Status::internal(e.to_string())))

@@ -79,7 +79,7 @@ impl EntrySink for Fake {
 }
 
 fn limits(max_commands: usize, max_bytes: usize, max_in_flight: usize) -> Limits {
-    Limits { max_commands, max_bytes, max_in_flight }
+    Limits { max_commands, max_bytes, max_in_flight, ..Limits::default() }
 }
 
 /// The keys an entry carries, in order (a plain command is an entry of one).
@@ -273,4 +273,56 @@ async fn a_caller_that_gave_up_before_its_entry_started_is_not_proposed() {
     assert_eq!(returned_key(&c), "kept");
     let got: Vec<Vec<String>> = entries.lock().iter().map(keys).collect();
     assert_eq!(got, vec![vec!["first".to_string()], vec!["kept".to_string()]]);
+}
+
+/// A sink whose first entry is never answered, as openraft 0.9 leaves a `client_write` pending
+/// when a follower's snapshot install purges the entry instead of truncating it (issue 19,
+/// finding 1); later entries are answered normally.
+#[derive(Default)]
+struct FirstNeverAnswered {
+    calls: Arc<AtomicUsize>,
+}
+
+impl EntrySink for FirstNeverAnswered {
+    fn write(&self, cmd: Command) -> BoxFuture<'static, Result<CommandResult, ProposeError>> {
+        let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
+        async move {
+            if first {
+                futures::future::pending::<()>().await;
+            }
+            Ok(answer(&cmd.0))
+        }
+        .boxed()
+    }
+}
+
+/// The wedge of issue 19, finding 1: with one entry in flight and its writer never answered,
+/// every later write on the member queued behind it forever. Seen failing on 2e3c318: the first
+/// proposal was never answered and the test's 60 s bound expired.
+#[tokio::test]
+async fn an_entry_never_answered_does_not_wedge_later_writes() {
+    let b = ProposalBatcher::new(FirstNeverAnswered::default(), Limits::default());
+    // Bounded far above the batcher's own entry bound (7 s by default).
+    let bound = Duration::from_secs(60);
+    assert_eq!(b.oldest_in_flight(), None);
+    let mut stuck = Box::pin(b.propose(put("stuck")));
+    assert!(futures::poll!(stuck.as_mut()).is_pending());
+    // The entry's task has started (or is about to): its age is visible while it waits.
+    assert!(b.oldest_in_flight().is_some(), "an entry in flight has an age");
+    let first = tokio::time::timeout(bound, stuck)
+        .await
+        .expect("the unanswered entry's caller gets an answer within the entry bound");
+    // Bounded: the slot is released as the timed-out entry's task ends.
+    for _ in 0..100 {
+        if b.oldest_in_flight().is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(b.oldest_in_flight(), None, "the timed-out entry left the in-flight set");
+    assert!(matches!(first, Err(ProposeError::Timeout)), "outcome unknown, not {first:?}");
+    let second = tokio::time::timeout(bound, b.propose(put("later")))
+        .await
+        .expect("a later write is not queued behind the unanswered entry forever");
+    assert_eq!(returned_key(&second), "later");
 }
