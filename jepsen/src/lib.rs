@@ -17,8 +17,10 @@
 //!   (definitely not applied) or `info` (unknown outcome).
 //! - [`workload`]: operation generators (register, set, lock family, lease, watch).
 //! - [`runner`]: one test run end to end, and the result folder.
+//! - [`availability`]: the end-of-run availability checks (member probes, the healed window).
 //! - [`report`]: the self-contained `report.html` of a result folder.
 
+pub mod availability;
 pub mod checker;
 pub mod client;
 pub mod cluster;

@@ -64,13 +64,15 @@ enum Cmd {
     /// Runs a test and writes a result folder.
     Test {
         /// Workload: `register`, `set`, `lock`, `lock-set`, `lock-fenced-set`, `lock-kv-set`,
-        /// `lease` or `watch`.
+        /// `lease`, `watch`, `queue` (Picket only) or `election`.
         #[arg(long, default_value = "register")]
         workload: String,
         /// Faults, comma-separated: `kill`, `pause`, `partition` (network-namespace mode only),
         /// `member` (remove and re-add a node), `admin` (compaction, snapshots, defragment,
         /// leader transfer), `clock` (a node under libfaketime, wall clock skewed), `clock-rate`
-        /// (a node whose monotonic clock runs fast or slow: breaks lease timing), or `none`.
+        /// (a node whose monotonic clock runs fast or slow: breaks lease timing), `snapshot-lag`
+        /// (one member, often the leader, paused or cut off until it must catch up by
+        /// snapshot), or `none`.
         #[arg(long, value_delimiter = ',', default_value = "kill,pause")]
         nemesis: Vec<String>,
         /// Seconds of workload (recovery, final reads and checking come on top).

@@ -25,6 +25,7 @@ use thiserror::Error;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
+use crate::availability;
 use crate::checker::{self, Anomaly, Budget, CheckError, CheckResult, Report, Validity};
 use crate::client;
 use crate::cluster::{self, ClusterConfig, ClusterError, NodeInfo, ProcessCluster, Target};
@@ -315,13 +316,16 @@ async fn run_nemesis(
         return Ok(0);
     }
     sleep_until((Instant::now() + WARMUP.min(time_limit / 4)).min(deadline)).await;
+    // Faults end this long before the workload does, so the availability checks have a healed
+    // window to judge (see `availability`).
+    let fault_deadline = deadline - availability::final_quiet(time_limit);
     let mut injected = 0u64;
     // Bounded in count: one cycle takes at least FAULT_EVERY_MIN.
     let max_cycles = time_limit.as_secs() / FAULT_EVERY_MIN.as_secs() + 2;
     let result: Result<(), RunError> = async {
         for _ in 0..max_cycles {
             let now = Instant::now();
-            if deadline.saturating_duration_since(now) < MIN_FAULT_WINDOW {
+            if fault_deadline.saturating_duration_since(now) < MIN_FAULT_WINDOW {
                 break;
             }
             let cycle_end = (now + between(rng, FAULT_EVERY_MIN, FAULT_EVERY_MAX)).min(deadline);
@@ -342,7 +346,7 @@ async fn run_nemesis(
                         EventDraft::new(EventType::Info, Process::Nemesis, name)
                             .value(inj.event.value),
                     )?;
-                    let until = (Instant::now() + inj.hold).min(deadline);
+                    let until = (Instant::now() + inj.hold).min(fault_deadline);
                     sleep_until(until).await;
                 }
                 None => {
@@ -523,6 +527,21 @@ pub(crate) fn scan_logs(nodes: &[NodeInfo]) -> Vec<Anomaly> {
     out
 }
 
+/// What picketd logs when a member installs a snapshot sent by the leader
+/// (`storage/state_machine.rs`, `install_snapshot`).
+pub(crate) const SNAPSHOT_INSTALL_LINE: &str = "installing snapshot";
+
+/// How many snapshot installs each node logged (every node is listed, zeros included).
+pub(crate) fn count_snapshot_installs(nodes: &[NodeInfo]) -> BTreeMap<String, usize> {
+    nodes
+        .iter()
+        .map(|n| {
+            let text = std::fs::read_to_string(&n.log).unwrap_or_default();
+            (n.name.clone(), text.lines().filter(|l| l.contains(SNAPSHOT_INSTALL_LINE)).count())
+        })
+        .collect()
+}
+
 /// Counts and facts derived from a history, for `results.json`.
 fn summarize(events: &[crate::history::Event]) -> Result<Value, RunError> {
     let ops = pair(events)?;
@@ -591,10 +610,7 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
     std::fs::create_dir_all(&opts.out)
         .map_err(io_err(format!("creating {}", opts.out.display())))?;
     let mut nemeses = nemesis::build(&opts.nemeses, &opts.workload)?;
-    let mut extra_args: Vec<String> = Vec::new();
-    for n in &nemeses {
-        extra_args.extend(n.node_args());
-    }
+    let extra_args = nemesis::merge_node_args(&nemeses);
     let mut cluster = ProcessCluster::create(ClusterConfig {
         target: opts.target,
         bin: opts.bin.clone(),
@@ -711,6 +727,14 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
         ));
     }
 
+    info!("phase: availability probes");
+    let members: Vec<(String, String)> = (0..cluster.len())
+        .filter(|&i| cluster.state(i) == NodeState::Running)
+        .map(|i| (cluster.info(i).name.clone(), cluster.info(i).client_url.clone()))
+        .collect();
+    let probes = availability::probe_members(members).await;
+    anomalies.extend(availability::judge_probes(&probes));
+
     info!("phase: final reads");
     let (final_counts, final_notes) =
         workload.final_phase(&cluster.member_infos(), &env, opts.op_timeout).await?;
@@ -724,7 +748,26 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
     notes.extend(agreed.notes);
     cluster.kill_all();
     anomalies.extend(scan_logs(&cluster.infos()));
+    let installs = count_snapshot_installs(&cluster.infos());
+    // Facts, not doubts: they do not lower the verdict.
+    let mut facts = Vec::new();
+    if opts.nemeses.iter().any(|n| n == "snapshot-lag")
+        && opts.target == Target::Picket
+        && installs.values().sum::<usize>() == 0
+    {
+        facts.push(
+            "the snapshot-lag nemesis ran but no member logged a snapshot install: the fault did \
+             not exercise catching up by snapshot"
+                .to_string(),
+        );
+    }
     history.flush()?;
+    // The last healed window, from the history as written (workload time ends at the limit).
+    let ops = pair(&read_history(&opts.out.join("history.jsonl"))?)?;
+    let window = availability::window_stats(&ops, opts.time_limit.as_nanos() as u64);
+    let (window_anomalies, window_notes) = availability::judge_window(&window);
+    anomalies.extend(window_anomalies);
+    facts.extend(window_notes);
     if !opts.keep_data {
         cluster.remove_data();
     }
@@ -734,11 +777,16 @@ pub async fn run_test(opts: TestOptions) -> Result<Results, RunError> {
         cluster_check = cluster_check.at_most_unknown("some nodes or keys could not be checked");
     }
     cluster_check.notes.extend(notes);
+    // A window too short to judge does not lower the verdict (the member probes still ran).
+    cluster_check.notes.extend(facts);
     cluster_check = cluster_check
         .stat("node_states", agreed.view)
         .stat("faults_injected", faults)
         .stat("worker_ops", serde_json::to_value(counts).unwrap_or(Value::Null))
-        .stat("final_reads", serde_json::to_value(final_counts).unwrap_or(Value::Null));
+        .stat("final_reads", serde_json::to_value(final_counts).unwrap_or(Value::Null))
+        .stat("availability_probes", availability::probes_view(&probes))
+        .stat("healed_window", serde_json::to_value(&window).unwrap_or(Value::Null))
+        .stat("snapshot_installs", serde_json::to_value(&installs).unwrap_or(Value::Null));
     write_json(&opts.out.join("cluster.json"), &cluster_check)?;
     drop(cluster);
 

@@ -87,3 +87,17 @@ fn a_clean_log_that_mentions_panics_in_passing_is_not_a_crash() {
     let nodes = vec![node(dir.path(), "n1", "INFO config: panic_on_fatal=false\n")];
     assert!(scan_logs(&nodes).is_empty());
 }
+
+#[test]
+fn snapshot_installs_are_counted_per_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let line = "2026-12-01T10:00:00Z  INFO picketd::storage::state_machine: installing snapshot \
+                log_index=Some(812) bytes=20311";
+    let nodes = vec![
+        node(dir.path(), "n1", "INFO started\nINFO built snapshot log_index=Some(800)\n"),
+        node(dir.path(), "n2", &format!("INFO started\n{line}\nINFO x\n{line}\n")),
+    ];
+    let counts = count_snapshot_installs(&nodes);
+    assert_eq!(counts["n1"], 0, "building one is not installing one");
+    assert_eq!(counts["n2"], 2);
+}

@@ -18,6 +18,22 @@
 //!    have expired first), so such intervals are not used: the checker never guesses how long an
 //!    ambiguous holder held.
 //!
+//!    Two *definite* holders are also checked against each other whatever their invocation
+//!    order: if both releases proved holding (`held: true`, or a plain `ok`), each held without
+//!    interruption from its grant to its release (its key, once oldest, stays oldest until it is
+//!    deleted, and the release proved it still existed), so the intervals `[grant ok, release
+//!    invoked]` of two such holders must not overlap (`overlapping-holders`). This closes the
+//!    blind spot of the rule above: a contender invoked *before* A's grant completed and
+//!    answered while A still held is exempt from it, but not from this one once its own release
+//!    proves it held.
+//!
+//!    3b. **grant revision after a release it preceded**: a definite release (`ok`, not
+//!    `held: false`) has a response header revision, the revision of its delete. A grant answered
+//!    before that release was invoked saw the store at its `grant_rev` before the delete was even
+//!    sent, so `grant_rev` must be below the release's revision; a larger one means the lock
+//!    service answered a grant from a future it had not reached, or stamped a grant made while the
+//!    previous holder still held with a later revision (`grant-revision-after-release`).
+//!
 //! A plain `Unlock` (no `held` field) is taken as proof of holding until the release; a
 //! workload that pauses clients past the lease TTL must record `held` to avoid blaming the lock
 //! service for an expired lease.
@@ -57,6 +73,8 @@ struct Acquire<'a> {
     granted: u64,
     /// End of the definite holding interval: the invocation of its release.
     held_until: Option<u64>,
+    /// The header revision of that definite release (the revision of its delete).
+    release_rev: Option<i64>,
 }
 
 fn name_of(op: &Op) -> Option<String> {
@@ -114,6 +132,7 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
                     grant_rev,
                     granted,
                     held_until: None,
+                    release_rev: None,
                 });
             }
             "lock_release" => {
@@ -128,6 +147,8 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
                 let held = op.value().get("held").and_then(Value::as_bool);
                 if op.outcome() == Outcome::Ok && held != Some(false) {
                     acquires[a].held_until = Some(op.invoke.index);
+                    acquires[a].release_rev =
+                        op.complete.as_ref().and_then(|c| c.header).map(|h| h.revision);
                 }
             }
             _ => {}
@@ -214,11 +235,19 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
                 if std::ptr::eq(*a, *b) || b.key == a.key && b.token == a.token {
                     continue;
                 }
-                // b must have been *invoked* after a's grant completed: only then did b's grant
-                // (somewhere between its invoke and its completion) certainly fall inside a's
-                // hold. A grant invoked earlier may have happened before a's key existed and
-                // merely been answered late (its client or member paused), which is no overlap.
-                if a.granted < b.op.invoke.index && b.granted < until {
+                // Either b was *invoked* after a's grant completed, so b's grant (somewhere
+                // between its invoke and its completion) certainly fell inside a's hold; or b is
+                // a definite holder too and the two definite intervals overlap (see 3 in the
+                // module docs). A grant invoked earlier and not proven held by its release may
+                // have happened before a's key existed and merely been answered late (its client
+                // or member paused), which is no overlap. Each pair of definite holders is
+                // reported once, from the one granted first.
+                let inside = a.granted < b.op.invoke.index && b.granted < until;
+                // (b's own interval starts at b.granted and ends after it, so with a granted
+                // first the two overlap exactly when b was granted before a's release began.)
+                let both_definite =
+                    b.held_until.is_some() && a.granted < b.granted && b.granted < until;
+                if inside || both_definite {
                     let mut events = a.op.indexes();
                     events.extend(b.op.indexes());
                     events.push(until);
@@ -233,6 +262,38 @@ pub fn check(ops: &[Op]) -> Result<CheckResult, CheckError> {
                             a.op.describe(),
                             a.token,
                             a.granted
+                        ),
+                        events,
+                    ));
+                }
+            }
+        }
+        // 3b. A grant answered before a definite release was invoked has a lower revision.
+        for a in list {
+            let (Some(until), Some(rel_rev)) = (a.held_until, a.release_rev) else { continue };
+            for b in list {
+                if std::ptr::eq(*a, *b) {
+                    continue;
+                }
+                let Some(grant_rev) = b.grant_rev else { continue };
+                if b.granted < until && grant_rev > rel_rev {
+                    let mut events = a.op.indexes();
+                    events.extend(b.op.indexes());
+                    events.push(until);
+                    anomalies.push(Anomaly::new(
+                        "grant-revision-after-release",
+                        Some(name),
+                        format!(
+                            "lock {name}: {} (token {:?}) was answered at event #{} with grant \
+                             revision {grant_rev}, before the release of {} (token {:?}) was \
+                             even invoked at #{until}, yet that release's revision is only \
+                             {rel_rev}: the grant claims a revision after a delete that had not \
+                             been sent",
+                            b.op.describe(),
+                            b.token,
+                            b.granted,
+                            a.op.describe(),
+                            a.token,
                         ),
                         events,
                     ));

@@ -280,3 +280,91 @@ fn fenced_rejection_keeps_the_set_whole() {
     let r = check_lock_set(&h);
     assert_eq!(r.valid, Validity::Valid, "{r:#?}");
 }
+
+fn release_at(h: &mut HistoryBuilder, p: u64, key: &str, held: bool, revision: i64) {
+    h.invoke(p, "lock_release", "L", json!({"name": "L", "key": key}));
+    h.ok_rev(p, json!({"held": held}), revision);
+}
+
+#[test]
+fn double_grant_to_a_contender_invoked_before_the_grant_is_rejected() {
+    // Planted in a real history: B asked before A's grant completed (so the "invoked inside the
+    // hold" rule exempts it), was answered with a higher token while A still held, and both
+    // releases say they held. Each held without interruption from its answer to its release,
+    // and those intervals overlap: two holders at once.
+    let mut h = HistoryBuilder::new();
+    h.invoke(1, "lock_acquire", "L", json!({"name": "L", "lease": 2}));
+    let ka = acquire(&mut h, 0, 1, 10);
+    h.ok(1, json!({"key": "L/2", "token": 11}));
+    release(&mut h, 0, &ka, Some(true));
+    release(&mut h, 1, "L/2", Some(true));
+    let r = check(&h);
+    assert_anomaly(&r, "overlapping-holders");
+    assert_eq!(r.anomalies.len(), 1, "one pair, reported once: {r:#?}");
+
+    // The mirror image: A's acquisition was the one invoked first and answered last.
+    let mut h = HistoryBuilder::new();
+    h.invoke(0, "lock_acquire", "L", json!({"name": "L", "lease": 1}));
+    let kb = acquire(&mut h, 1, 2, 11);
+    h.ok(0, json!({"key": "L/1", "token": 10}));
+    release(&mut h, 1, &kb, Some(true));
+    release(&mut h, 0, "L/1", Some(true));
+    assert_anomaly(&check(&h), "overlapping-holders");
+}
+
+#[test]
+fn late_answer_to_a_holder_who_then_lost_the_lock_stays_valid() {
+    // The same interleaving, but B's release finds its key gone: B may have been granted before
+    // A's key existed and lost the lock (lease expiry) before A was granted. No proof of overlap.
+    let mut h = HistoryBuilder::new();
+    h.invoke(1, "lock_acquire", "L", json!({"name": "L", "lease": 2}));
+    let ka = acquire(&mut h, 0, 1, 10);
+    h.ok(1, json!({"key": "L/2", "token": 11}));
+    release(&mut h, 0, &ka, Some(true));
+    release(&mut h, 1, "L/2", Some(false));
+    let r = check(&h);
+    assert_eq!(r.valid, Validity::Valid, "{r:#?}");
+
+    // And sequential definite holders, one invoked while the other held, are a handover.
+    let mut h = HistoryBuilder::new();
+    h.invoke(1, "lock_acquire", "L", json!({"name": "L", "lease": 2}));
+    let ka = acquire(&mut h, 0, 1, 10);
+    release(&mut h, 0, &ka, Some(true));
+    h.ok(1, json!({"key": "L/2", "token": 11}));
+    release(&mut h, 1, "L/2", Some(true));
+    let r = check(&h);
+    assert_eq!(r.valid, Validity::Valid, "{r:#?}");
+}
+
+#[test]
+fn grant_revision_after_a_release_it_preceded_is_rejected() {
+    // B asks first; A is granted (token 3, at revision 3). B is answered at grant revision 6
+    // before A's release is even sent, yet A's release deleted its key at revision 5. B was
+    // invoked before A's grant completed and its release is unknown, so neither overlap rule
+    // applies: only the revisions show the double grant.
+    let mut h = HistoryBuilder::new();
+    h.invoke(1, "lock_acquire", "L", json!({"name": "L", "lease": 1}));
+    acquire_at(&mut h, 0, "L/a", 3, 3);
+    h.ok(1, json!({"key": "L/b", "token": 4, "grant_rev": 6}));
+    release_at(&mut h, 0, "L/a", true, 5);
+    h.invoke(1, "lock_release", "L", json!({"name": "L", "key": "L/b"}));
+    h.info(1, "timeout");
+    let r = check(&h);
+    assert_anomaly(&r, "grant-revision-after-release");
+    assert_eq!(r.anomalies.len(), 1, "{r:#?}");
+}
+
+#[test]
+fn grant_answered_after_the_release_began_may_have_a_later_revision() {
+    // The orderly version: B's answer arrives after A's release was sent (the release deleted
+    // A's key at 5, B was granted at 6 and answered before A heard back).
+    let mut h = HistoryBuilder::new();
+    acquire_at(&mut h, 0, "L/a", 3, 3);
+    h.invoke(1, "lock_acquire", "L", json!({"name": "L", "lease": 1}));
+    h.invoke(0, "lock_release", "L", json!({"name": "L", "key": "L/a"}));
+    h.ok(1, json!({"key": "L/b", "token": 4, "grant_rev": 6}));
+    h.ok_rev(0, json!({"held": true}), 5);
+    release_at(&mut h, 1, "L/b", true, 7);
+    let r = check(&h);
+    assert_eq!(r.valid, Validity::Valid, "{r:#?}");
+}

@@ -13,10 +13,12 @@
 //! - [`lease`]: no early expiry, expiry in one revision, no put on a dead lease, unique ids.
 //! - [`queue`]: no acknowledged job lost, none acked by two claims, no overlapping claims.
 //! - [`watch`]: ordered, unique, gap-free watch delivery; compaction and progress semantics.
+//! - [`election`]: one leader at a time, proclaims only by the leader, observers in order.
 //! - [`keylog`]: the key-event log recorded after healing, used by the lock and lease checkers.
 //!
 //! [`check_history`] runs the checkers that apply to a workload.
 
+pub mod election;
 pub mod keylog;
 pub mod lease;
 pub mod linearizable;
@@ -199,6 +201,7 @@ pub const WORKLOADS: &[&str] = &[
     "lease",
     "watch",
     "queue",
+    "election",
 ];
 
 /// Runs every checker that applies to `workload` over `events`.
@@ -235,6 +238,9 @@ pub fn check_history(
         }
         "watch" => {
             checkers.insert("watch".to_string(), watch::check(&ops)?);
+        }
+        "election" => {
+            checkers.insert("election".to_string(), election::check(&ops)?);
         }
         other => return Err(CheckError::UnknownWorkload(other.to_string())),
     }

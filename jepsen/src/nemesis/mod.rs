@@ -25,6 +25,7 @@ pub mod member;
 pub mod partition;
 pub mod pause;
 pub mod process;
+pub mod snapshot_lag;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -57,7 +58,7 @@ pub enum FaultError {
     /// The environment cannot inject this fault (e.g. a partition in loopback mode).
     #[error("{fault} is not supported in {mode} mode")]
     Unsupported { fault: &'static str, mode: &'static str },
-    #[error("unknown nemesis {0:?} (known: kill, pause, partition, member, admin, clock, clock-rate, none)")]
+    #[error("unknown nemesis {0:?} (known: kill, pause, partition, member, admin, clock, clock-rate, snapshot-lag, none)")]
     UnknownNemesis(String),
     /// A primitive fault failed (a signal could not be sent, a process could not be spawned).
     #[error("{0}")]
@@ -170,7 +171,7 @@ pub trait Nemesis: Send {
 }
 
 /// Builds the nemeses named on the command line (`kill`, `pause`, `partition`, `member`,
-/// `admin`, `clock`, `clock-rate`; `none` for no faults). `workload` decides whether `admin` may compact:
+/// `admin`, `clock`, `clock-rate`, `snapshot-lag`; `none` for no faults). `workload` decides whether `admin` may compact:
 /// the lock and lease checkers need the key-event log from revision 1.
 pub fn build(names: &[String], workload: &str) -> Result<Vec<Box<dyn Nemesis>>, FaultError> {
     let mut out: Vec<Box<dyn Nemesis>> = Vec::new();
@@ -185,11 +186,35 @@ pub fn build(names: &[String], workload: &str) -> Result<Vec<Box<dyn Nemesis>>, 
             }
             "clock" => out.push(Box::new(clock::ClockNemesis::default())),
             "clock-rate" => out.push(Box::new(clock::ClockNemesis::rate())),
+            "snapshot-lag" => out.push(Box::new(snapshot_lag::SnapshotLagNemesis::default())),
             "none" => {}
             other => return Err(FaultError::UnknownNemesis(other.to_string())),
         }
     }
     Ok(out)
+}
+
+/// The server flags every nemesis of a run needs, as `--flag value` pairs. Two nemeses may ask
+/// for the same flag (`admin` and `snapshot-lag` both set `--snapshot-count`, which a server
+/// accepts once): the smaller number wins, since each asks for "at most this many", else the
+/// first value.
+pub fn merge_node_args(nemeses: &[Box<dyn Nemesis>]) -> Vec<String> {
+    let mut flags: Vec<(String, String)> = Vec::new();
+    for n in nemeses {
+        let args = n.node_args();
+        for pair in args.chunks(2) {
+            let [flag, value] = pair else { continue };
+            match flags.iter_mut().find(|(f, _)| f == flag) {
+                Some((_, old)) => {
+                    if let (Ok(a), Ok(b)) = (old.parse::<u64>(), value.parse::<u64>()) {
+                        *old = a.min(b).to_string();
+                    }
+                }
+                None => flags.push((flag.clone(), value.clone())),
+            }
+        }
+    }
+    flags.into_iter().flat_map(|(f, v)| [f, v]).collect()
 }
 
 /// Which nodes a process fault hits.
@@ -257,4 +282,18 @@ pub fn between(rng: &mut StdRng, lo: Duration, hi: Duration) -> Duration {
     }
     let ms = rng.random_range(lo.as_millis() as u64..=hi.as_millis() as u64);
     Duration::from_millis(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_node_flags_are_given_once_with_the_smaller_value() {
+        let n = build(&["admin".into(), "snapshot-lag".into(), "kill".into()], "register").unwrap();
+        let args = merge_node_args(&n);
+        assert_eq!(args, ["--snapshot-count", &snapshot_lag::SNAPSHOT_COUNT.to_string()]);
+        const { assert!(snapshot_lag::SNAPSHOT_COUNT < admin::SNAPSHOT_COUNT) };
+        assert!(merge_node_args(&build(&["kill".into()], "register").unwrap()).is_empty());
+    }
 }

@@ -8,6 +8,7 @@
 //! - [`lease`]: short leases with attached keys, kept alive, left to expire, or revoked.
 //! - [`queue`]: producers, claiming workers and a final drain (Picket only).
 //! - [`watch`]: writers on a prefix and watchers from random start revisions.
+//! - [`election`]: campaign, proclaim, resign and observe through the v3 Election API.
 //!
 //! [`Workload`] is what the runner sees: spawn the workers, then run the final phase (final
 //! reads, or the key-event log a checker needs) once the cluster has healed.
@@ -16,6 +17,7 @@
 //! sending and each completion just after the response; after an `info` completion it continues
 //! under a fresh process id, because the old process may still have an operation in flight.
 
+pub mod election;
 pub mod lease;
 mod leases;
 pub mod lock;
@@ -270,6 +272,7 @@ pub enum Workload {
     Lease(lease::LeaseWorkload),
     Watch(watch::WatchWorkload),
     Queue(queue::QueueWorkload),
+    Election(election::ElectionWorkload),
 }
 
 /// Names accepted by `--workload`.
@@ -283,6 +286,7 @@ pub const NAMES: &[&str] = &[
     "lease",
     "watch",
     "queue",
+    "election",
 ];
 
 impl Workload {
@@ -303,6 +307,7 @@ impl Workload {
             "lease" => Workload::Lease(lease::LeaseWorkload::new(opts)),
             "watch" => Workload::Watch(watch::WatchWorkload::new(opts)),
             "queue" => Workload::Queue(queue::QueueWorkload::new(opts)),
+            "election" => Workload::Election(election::ElectionWorkload::new(opts)),
             _ => return None,
         })
     }
@@ -321,6 +326,7 @@ impl Workload {
             Workload::Lease(w) => w.spawn_workers(set, nodes, env, seed),
             Workload::Watch(w) => w.spawn_workers(set, nodes, env, seed),
             Workload::Queue(w) => w.spawn_workers(set, nodes, env, seed),
+            Workload::Election(w) => w.spawn_workers(set, nodes, env, seed),
         }
     }
 
@@ -348,6 +354,7 @@ impl Workload {
             Workload::Lease(w) => w.final_phase(nodes, env, op_timeout).await,
             Workload::Watch(w) => w.final_phase(nodes, env, op_timeout).await,
             Workload::Queue(w) => w.final_phase(nodes, env, op_timeout).await,
+            Workload::Election(w) => w.final_phase(nodes, env, op_timeout).await,
         }
     }
 }
