@@ -60,7 +60,8 @@ use picket_proto::etcdserverpb::{
 };
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
-use picket_proto::picket::raft::v1::CommandError;
+use picket_proto::picket::raft::v1::{CommandError, RaftCommand};
+use prost::Message;
 use thiserror::Error;
 use tokio::sync::watch;
 
@@ -241,7 +242,16 @@ pub fn nospace_status() -> tonic::Status {
 /// member's copy of the alarm set has NOSPACE. A storage error here lets the command through:
 /// apply checks again from the replicated state, so nothing is lost by not refusing early.
 pub fn check_propose(engine: &RocksEngine, cmd: &Cmd) -> Result<(), tonic::Status> {
-    if grows_store(cmd) && read_alarms(engine).is_ok_and(|a| nospace_in(&a)) {
+    // Client writes travel wrapped as `AuthChecked` (with auth on or off, `crate::api::auth`):
+    // judge the command inside. A wrapper that does not decode is left to apply to refuse.
+    let grows = match cmd {
+        Cmd::AuthChecked(c) => RaftCommand::decode(c.command.as_slice())
+            .ok()
+            .and_then(|r| r.cmd)
+            .is_some_and(|inner| grows_store(&inner)),
+        other => grows_store(other),
+    };
+    if grows && read_alarms(engine).is_ok_and(|a| nospace_in(&a)) {
         return Err(nospace_status());
     }
     Ok(())

@@ -101,6 +101,10 @@ fn alarms_apply_deterministically_and_gate_growing_commands() {
     assert_eq!(set.into_iter().collect::<Vec<_>>(), vec![(7, AlarmType::Nospace as i32)]);
     assert!(check_propose(&engine, &growing[0]).is_err());
     assert!(check_propose(&engine, &harmless[0]).is_ok());
+    // Client writes are proposed wrapped with the auth revision they were checked at.
+    let wrapped = |c: &Cmd| crate::auth::replicated::checked(3, c.clone());
+    assert!(check_propose(&engine, &wrapped(&growing[0])).is_err());
+    assert!(check_propose(&engine, &wrapped(&harmless[0])).is_ok());
 
     let mut b = store.begin_apply();
     apply_alarm(&mut b, &alarm(AlarmAction::Deactivate, 7)).unwrap();

@@ -31,7 +31,7 @@ use picket_server::mvcc::hash::hash_store;
 use picket_server::mvcc::validate;
 use picket_server::raft::types::{Command, Entry};
 use picket_server::storage::rocks::RocksEngine;
-use picket_server::storage::state_machine::StateMachine;
+use picket_server::storage::state_machine::{FeedItem, StateMachine};
 use proptest::prelude::*;
 use proptest::sample::select;
 use prost::Message;
@@ -317,8 +317,11 @@ fn apply_log(entries: Vec<Cmd>) -> Outcome {
             }
         }
         let mut events = Vec::new();
-        while let Ok(ev) = rx.try_recv() {
-            events.push((ev.revision, ev.events.as_ref().clone()));
+        while let Ok(item) = rx.try_recv() {
+            match item {
+                FeedItem::Revision(ev) => events.push((ev.revision, ev.events.as_ref().clone())),
+                FeedItem::SnapshotInstalled { .. } => panic!("no snapshot is installed here"),
+            }
         }
         let revision = sm.shared().revision();
         let hash = hash_store(sm.shared().engine()).expect("hash");

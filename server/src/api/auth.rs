@@ -9,9 +9,13 @@
 //! permission revoke cannot slip through. Reads are checked after their read barrier, against a
 //! store at least as new as the request.
 //!
-//! With auth disabled nothing is checked, no token is needed, and commands are proposed as they
-//! always were. One race is accepted, as in etcd with simple tokens: a write admitted by a member
-//! that had not yet applied AuthEnable is proposed unchecked and may apply after it.
+//! With auth disabled nothing is checked and no token is needed, but a write still travels as
+//! `AuthChecked`, naming the revision of the (disabled) auth store it was judged against: a
+//! member that has not applied AuthEnable yet admits an anonymous write, and apply, which runs it
+//! after the AuthEnable entry, must refuse it (etcd refuses such a request too: its header names
+//! the auth revision it was checked under). Linearizable reads take their read barrier before
+//! auth is even looked at, so "auth is off" is never decided from a store older than the request.
+//! Serializable reads are judged against local state, as they read it.
 
 use std::time::Duration;
 
@@ -96,9 +100,17 @@ impl Ctx {
 
     /// The caller, from the `token` metadata; `None` when auth is disabled.
     pub async fn auth_info(&self, meta: &MetadataMap) -> Result<Option<AuthInfo>, Status> {
+        match self.judge(meta).await? {
+            Judged::Off(_) => Ok(None),
+            Judged::User(info) => Ok(Some(info)),
+        }
+    }
+
+    /// Who the caller is, or the store that said auth is off.
+    async fn judge(&self, meta: &MetadataMap) -> Result<Judged, Status> {
         let mut state = self.sm.auth();
         if !state.enabled {
-            return Ok(None);
+            return Ok(Judged::Off(state));
         }
         let invalid = || auth_status(&AuthError::InvalidAuthToken);
         let Some(raw) = meta.get("token") else {
@@ -111,63 +123,87 @@ impl Ctx {
             self.read_barrier().await?;
             state = self.sm.auth();
             if !state.enabled {
-                return Ok(None);
+                return Ok(Judged::Off(state));
             }
         }
         let user = store::find_user(&state, &claims.user).ok_or_else(invalid)?;
         token::verify(&state.signing_key, &claims, &user.password, now_unix())
             .map_err(|e| auth_status(&e))?;
-        Ok(Some(AuthInfo { user: claims.user, state }))
+        Ok(Judged::User(AuthInfo { user: claims.user, state }))
     }
 
     /// Checks `needs` for the caller. Returns the auth revision the check used (to carry in the
-    /// proposed command, see [`Ctx::guard`]), or `None` when auth is disabled.
+    /// proposed command, see [`Ctx::guard`]), also when auth is disabled (nothing is checked
+    /// then, but apply must know the write was admitted with auth off).
     pub async fn authorize(
         &self,
         meta: &MetadataMap,
         needs: &[Need],
     ) -> Result<Option<u64>, Status> {
-        match self.auth_info(meta).await? {
-            None => Ok(None),
-            Some(info) => {
+        match self.judge(meta).await? {
+            Judged::Off(state) => Ok(checked_revision(&state)),
+            Judged::User(info) => {
                 info.check(needs)?;
-                Ok(Some(info.state.revision))
+                Ok(checked_revision(&info.state))
             }
         }
     }
 
     /// Checks that the caller holds the root role (admin operations).
     pub async fn authorize_admin(&self, meta: &MetadataMap) -> Result<Option<u64>, Status> {
-        match self.auth_info(meta).await? {
-            None => Ok(None),
-            Some(info) if info.is_root() => Ok(Some(info.state.revision)),
-            Some(_) => Err(auth_status(&AuthError::PermissionDenied)),
+        match self.judge(meta).await? {
+            Judged::Off(state) => Ok(checked_revision(&state)),
+            Judged::User(info) if info.is_root() => Ok(checked_revision(&info.state)),
+            Judged::User(_) => Err(auth_status(&AuthError::PermissionDenied)),
         }
     }
 
     /// Checks a read after the read barrier it needs (so the auth store is at least as new as
     /// the request), for linearizable reads; serializable ones are checked against local state.
+    /// The barrier comes first, also when auth looks off here: this member may not have applied
+    /// an AuthEnable acknowledged before the request (issue 19). The caller serves a linearizable
+    /// read without a second barrier.
     pub async fn authorize_read(
         &self,
         meta: &MetadataMap,
         linearizable: bool,
         needs: &[Need],
     ) -> Result<(), Status> {
-        if !self.auth_enabled() {
-            return Ok(());
-        }
         if linearizable {
             self.read_barrier().await?;
+        }
+        if !self.auth_enabled() {
+            return Ok(());
         }
         self.authorize(meta, needs).await.map(|_| ())
     }
 
-    /// Wraps `cmd` as checked at `checked` (see the module docs); unchanged when auth is off.
+    /// Wraps `cmd` as checked at `checked`, the revision [`Ctx::authorize`] returned, with auth
+    /// on or off (see the module docs). `None` (nothing was checked) leaves it unwrapped.
     pub fn guard(&self, checked: Option<u64>, cmd: Cmd) -> Cmd {
-        match checked {
-            Some(rev) => crate::auth::replicated::checked(rev, cmd),
-            None => cmd,
-        }
+        guard_cmd(checked, cmd)
+    }
+}
+
+/// Who sent a request, or the applied store that said auth is off when it was judged.
+enum Judged {
+    Off(Arc<AuthState>),
+    User(AuthInfo),
+}
+
+/// The auth revision a request judged against `state` carries in its command: the store's
+/// revision also when auth is off there. Every auth change bumps the revision (AuthEnable too), so
+/// apply refuses the command if auth is on and the store has changed since it was judged,
+/// including "it was off then".
+fn checked_revision(state: &AuthState) -> Option<u64> {
+    Some(state.revision)
+}
+
+/// [`Ctx::guard`], without the context.
+fn guard_cmd(checked: Option<u64>, cmd: Cmd) -> Cmd {
+    match checked {
+        Some(rev) => crate::auth::replicated::checked(rev, cmd),
+        None => cmd,
     }
 }
 
@@ -479,3 +515,7 @@ impl Auth for AuthService {
         Ok(Response::new(AuthRoleRevokePermissionResponse { header }))
     }
 }
+
+#[cfg(test)]
+#[path = "auth_tests.rs"]
+mod tests;

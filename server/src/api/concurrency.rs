@@ -24,7 +24,7 @@ use tonic::{Request, Response, Status};
 use super::status::concurrency_status;
 use super::{unexpected, Ctx};
 use crate::concurrency::{election, mutex, Backend};
-use crate::storage::state_machine::RevisionEvents;
+use crate::storage::state_machine::FeedItem;
 
 /// TTL of the lease Picket grants for a Lock or Campaign that names no lease. etcd keeps such a
 /// server-made session lease alive forever (a leak); Picket grants etcd's default session TTL and
@@ -44,7 +44,7 @@ impl Backend for CtxBackend {
         super::kv::range(&self.0, req).await
     }
 
-    fn subscribe(&self) -> broadcast::Receiver<RevisionEvents> {
+    fn subscribe(&self) -> broadcast::Receiver<FeedItem> {
         self.0.sm.subscribe()
     }
 }

@@ -31,6 +31,13 @@ pub async fn range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse, Status
     if !req.serializable {
         ctx.read_barrier().await?;
     }
+    local_range(ctx, req)
+}
+
+/// Serves a range from the local store as it is now: the caller has taken the read barrier a
+/// linearizable read needs (`Ctx::authorize_read` does).
+fn local_range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse, Status> {
+    validate::range(&req).map_err(|e| mvcc_status(&e))?;
     let mut resp = ctx.sm.reader().range(&req).map_err(|e| mvcc_status(&e))?;
     ctx.stamp(&mut resp.header);
     Ok(resp)
@@ -56,8 +63,10 @@ impl Kv for KvService {
         let (meta, _, req) = req.into_parts();
         self.ctx.check_size(&req)?;
         let needs = crate::auth::perm::range_needs(&req);
+        // Takes the read barrier (before judging auth, see `Ctx::authorize_read`), so the read
+        // itself does not take a second one.
         self.ctx.authorize_read(&meta, !req.serializable, &needs).await?;
-        range(&self.ctx, req).await.map(Response::new)
+        local_range(&self.ctx, req).map(Response::new)
     }
 
     #[tracing::instrument(level = "debug", skip_all)]

@@ -299,7 +299,9 @@ impl Lease for LeaseService {
         // Revoking deletes every attached key: WRITE on each of them (etcd), checked after a
         // read barrier so the attachment list is current. A key attached after the check is
         // deleted with the lease, as in etcd: attaching it took WRITE on it from its writer.
-        let mut checked = None;
+        // With auth off nothing is checked, but the revoke still names the (disabled) auth store
+        // it was admitted under, so it is refused if auth was enabled before it applies.
+        let mut checked = self.ctx.authorize(&meta, &[]).await?;
         if self.ctx.auth_enabled() {
             self.ctx.read_barrier().await?;
             let keys = self

@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::status::mvcc_status;
 use super::Ctx;
 use crate::mvcc::MvccError;
+use crate::storage::state_machine::FeedItem;
 use crate::watch::{fragment, WatchSpec};
 
 /// Revisions read from the changelog per step of a replay, so a watcher starting far in the
@@ -375,8 +376,8 @@ async fn run_watcher(
         loop {
             tokio::select! {
                 item = feed.recv() => match item {
-                    Ok(rev) if rev.revision < next => {}
-                    Ok(rev) if rev.revision == next => {
+                    Ok(FeedItem::Revision(rev)) if rev.revision < next => {}
+                    Ok(FeedItem::Revision(rev)) if rev.revision == next => {
                         let events = state.select(rev.revision, rev.events.iter());
                         if !state.send(events, rev.revision).await {
                             return;
@@ -384,9 +385,13 @@ async fn run_watcher(
                         next += 1;
                         progress.reset();
                     }
-                    // A gap (the feed skipped ahead, e.g. a snapshot install) or lag: catch up
-                    // from the changelog, then resume the feed.
-                    Ok(_) => continue 'replay,
+                    // A gap (the feed skipped ahead), a snapshot install (the store jumped
+                    // without events, possibly by exactly one revision, so it must never be
+                    // taken for revision `next`) or lag: catch up from the changelog, then
+                    // resume the feed.
+                    Ok(FeedItem::Revision(_) | FeedItem::SnapshotInstalled { .. }) => {
+                        continue 'replay
+                    }
                     Err(RecvError::Lagged(missed)) => {
                         tracing::debug!(watch_id = state.id, next, missed, "watcher fell behind the live feed; catching up from history");
                         continue 'replay;

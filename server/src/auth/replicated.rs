@@ -86,7 +86,9 @@ pub fn apply<E: Engine>(
 
 /// Opens an [`AuthChecked`] command: the inner command if the auth store is still at the
 /// revision its permissions were checked against (or auth is now off), else the error result
-/// "revision of auth store is old" (the client retries, and is checked again).
+/// "revision of auth store is old" (the client retries, and is checked again). A command judged
+/// while auth was off names that disabled store's revision; AuthEnable bumps the revision, so
+/// such a command applied after an enable is refused here (issue 19).
 pub fn check_revision<E: Engine>(
     batch: &ApplyBatch<'_, E>,
     checked: &AuthChecked,

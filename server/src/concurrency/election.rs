@@ -12,6 +12,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::mutex::{enqueue, first_by_create, wait_turn};
 use super::{contender_prefix, Backend, ConcurrencyError};
+use crate::storage::state_machine::FeedItem;
 
 fn is_leader(leader: &LeaderKey) -> Compare {
     Compare {
@@ -134,8 +135,10 @@ pub async fn observe<B: Backend>(
         // Wait for any change under the prefix after what we just read.
         'wait: loop {
             match feed.recv().await {
-                Ok(batch) if batch.revision <= seen => {}
-                Ok(batch) => {
+                // A snapshot install: leadership may have changed inside it. Re-read.
+                Ok(FeedItem::SnapshotInstalled { .. }) => break 'wait,
+                Ok(FeedItem::Revision(batch)) if batch.revision <= seen => {}
+                Ok(FeedItem::Revision(batch)) => {
                     if batch
                         .events
                         .iter()

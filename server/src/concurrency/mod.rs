@@ -14,6 +14,11 @@
 //! is linearizable); its holder's keep-alive then fails and `mutex::wait_lost` reports the loss
 //! at once, and fenced writes with its token are refused.
 //!
+//! Every wait here (a waiter for its predecessor's delete, a holder for its own, an observer for
+//! any change) listens to the member's applied-event feed and also wakes on
+//! [`FeedItem::SnapshotInstalled`]: a member that catches up by snapshot never publishes the
+//! events inside it, so on that item the waiter re-reads instead of waiting on (issue 19).
+//!
 //! The module talks to the store only through [`Backend`], so it knows nothing of Raft or gRPC
 //! services.
 
@@ -26,7 +31,7 @@ use picket_proto::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnRes
 use thiserror::Error;
 use tokio::sync::broadcast;
 
-use crate::storage::state_machine::RevisionEvents;
+use crate::storage::state_machine::FeedItem;
 
 /// What locks and elections need from the store.
 pub trait Backend: Clone + Send + Sync + 'static {
@@ -40,8 +45,9 @@ pub trait Backend: Clone + Send + Sync + 'static {
         &self,
         req: RangeRequest,
     ) -> impl Future<Output = Result<RangeResponse, tonic::Status>> + Send;
-    /// The feed of applied revisions on this member.
-    fn subscribe(&self) -> broadcast::Receiver<RevisionEvents>;
+    /// The feed of applied revisions on this member. A [`FeedItem::SnapshotInstalled`] item means
+    /// the state jumped without events: every waiter re-reads on it.
+    fn subscribe(&self) -> broadcast::Receiver<FeedItem>;
 }
 
 #[derive(Debug, Error)]

@@ -13,6 +13,7 @@ use picket_proto::mvccpb::KeyValue;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{contender_key, contender_prefix, prefix_end, Backend, ConcurrencyError};
+use crate::storage::state_machine::FeedItem;
 
 /// A granted lock.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,8 +149,11 @@ pub(crate) async fn wait_turn<B: Backend>(
         let seen = pred.header.map(|h| h.revision).unwrap_or_default();
         'wait: loop {
             match feed.recv().await {
-                Ok(batch) if batch.revision <= seen => {}
-                Ok(batch) => {
+                // A snapshot install: the predecessor's delete may be inside it, and no event will
+                // ever say so. Re-read.
+                Ok(FeedItem::SnapshotInstalled { .. }) => break 'wait,
+                Ok(FeedItem::Revision(batch)) if batch.revision <= seen => {}
+                Ok(FeedItem::Revision(batch)) => {
                     for ev in batch.events.iter() {
                         if ev.r#type != EventType::Delete as i32 {
                             continue;
@@ -301,8 +305,10 @@ pub async fn wait_lost<B: Backend>(
         let seen = resp.header.map(|h| h.revision).unwrap_or_default();
         'wait: loop {
             match feed.recv().await {
-                Ok(batch) if batch.revision <= seen => {}
-                Ok(batch) => {
+                // A snapshot install: the holder's delete may be inside it. Re-read.
+                Ok(FeedItem::SnapshotInstalled { .. }) => break 'wait,
+                Ok(FeedItem::Revision(batch)) if batch.revision <= seen => {}
+                Ok(FeedItem::Revision(batch)) => {
                     let deleted = batch.events.iter().any(|e| {
                         e.r#type == EventType::Delete as i32
                             && e.kv.as_ref().is_some_and(|kv| kv.key == key)

@@ -18,6 +18,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::{keys, txns, Backend, QueueError};
 use crate::concurrency::prefix_end;
+use crate::storage::state_machine::FeedItem;
 
 /// Index entries read per page while looking for a claimable job.
 const CLAIM_PAGE: i64 = 128;
@@ -364,8 +365,10 @@ pub async fn claim<B: Backend>(
             tokio::select! {
                 _ = &mut sleep => break,
                 batch = feed.recv() => match batch {
-                    Ok(batch) if batch.revision <= seen => {}
-                    Ok(batch) => if may_wake(queue, &batch) { break },
+                    // A snapshot install: jobs may have become claimable inside it. Re-read.
+                    Ok(FeedItem::SnapshotInstalled { .. }) => break,
+                    Ok(FeedItem::Revision(batch)) if batch.revision <= seen => {}
+                    Ok(FeedItem::Revision(batch)) => if may_wake(queue, &batch) { break },
                     // Fell behind the feed: re-read instead of trusting it.
                     Err(RecvError::Lagged(_)) => break,
                     Err(RecvError::Closed) => {

@@ -49,6 +49,23 @@ pub struct RevisionEvents {
     pub events: Arc<Vec<Event>>,
 }
 
+/// One item of the applied-state feed ([`Shared::subscribe`]), in apply order.
+///
+/// A member that falls behind the leader's purged log catches up by installing a snapshot, which
+/// replaces the state without applying (or publishing) the entries it covers. A consumer waiting
+/// for a particular event (a lock waiter for its predecessor's delete, a watcher for the next
+/// revision) would wait forever for an event that will never be published, so the install is
+/// announced as its own item, and every consumer must treat it as "anything may have changed":
+/// re-read the state (or replay history) instead of waiting on. It is an enum rather than a flag
+/// on [`RevisionEvents`] so that a new consumer cannot compile without deciding what to do.
+#[derive(Debug, Clone)]
+pub enum FeedItem {
+    /// The events of one applied revision.
+    Revision(RevisionEvents),
+    /// A snapshot was installed; the store is now at `revision`, reached without events.
+    SnapshotInstalled { revision: i64 },
+}
+
 /// State shared by the state machine (writer) and the API layer (readers).
 pub struct Shared {
     engine: RocksEngine,
@@ -56,7 +73,7 @@ pub struct Shared {
     inner: RwLock<Inner>,
     snapshots: SnapshotFiles,
     snapshot_seq: AtomicU64,
-    events: broadcast::Sender<RevisionEvents>,
+    events: broadcast::Sender<FeedItem>,
     /// The applied auth store, for permission checks on the API layer (`crate::auth`).
     auth: crate::auth::AuthCache,
     /// Times batch commits (`picket_disk_backend_commit_duration_seconds`) once set.
@@ -193,8 +210,9 @@ impl Shared {
         self.auth.get()
     }
 
-    /// Subscribes to the events of every revision applied from now on.
-    pub fn subscribe(&self) -> broadcast::Receiver<RevisionEvents> {
+    /// Subscribes to the events of every revision applied from now on, and to every snapshot
+    /// install (see [`FeedItem`]).
+    pub fn subscribe(&self) -> broadcast::Receiver<FeedItem> {
         self.events.subscribe()
     }
 }
@@ -426,7 +444,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.shared.auth.refresh(&self.shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
         for (revision, events) in revisions {
             // No receivers is fine: nobody is watching.
-            let _ = self.shared.events.send(RevisionEvents { revision, events: Arc::new(events) });
+            let _ = self
+                .shared
+                .events
+                .send(FeedItem::Revision(RevisionEvents { revision, events: Arc::new(events) }));
         }
         Ok(results)
     }
@@ -460,7 +481,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 guard.last_applied, meta.last_log_id
             )));
         }
+        let revision = guard.store.revision();
         drop(guard);
+        // The entries the snapshot covers were never applied here, so no events went out for
+        // them: tell every waiter on the feed to re-read (issue 19). Published after the new
+        // state is readable, as revision events are, and before openraft applies anything after
+        // the snapshot, so the feed stays in apply order. No receivers is fine.
+        let _ = self.shared.events.send(FeedItem::SnapshotInstalled { revision });
+        tracing::info!(revision, "snapshot installed; feed subscribers told to re-read");
         self.shared.snapshots.save(meta, &blob).map_err(snap_err)?;
         Ok(())
     }
