@@ -260,12 +260,23 @@ impl SideTls {
 #[derive(Debug, Clone, Default)]
 pub struct PeerDialer {
     tls: ClientTlsConfig,
+    /// Whether any peer TLS material (`--peer-trusted-ca-file`, `--peer-cert-file`) is set.
+    configured: bool,
 }
 
 impl PeerDialer {
     /// A dialer using the peer side's certificates.
     pub fn new(peer: &SideTls) -> Self {
-        PeerDialer { tls: peer.client_config() }
+        let configured = peer.ca.is_some() || peer.identity.is_some();
+        PeerDialer { tls: peer.client_config(), configured }
+    }
+
+    /// Whether this member has peer TLS configured, and so can reach `https` peer URLs as the
+    /// operator intends: with the peer CA to verify them and its own peer certificate for
+    /// peers that require one. Without either, an `https` peer would only be verified against
+    /// the system's roots, and no peer requiring client certificates would accept us.
+    pub fn has_peer_tls(&self) -> bool {
+        self.configured
     }
 
     /// Adds TLS to `endpoint` if `url` is `https`. tonic only runs TLS on `https` URIs, but the

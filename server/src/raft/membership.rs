@@ -126,16 +126,36 @@ pub fn etcd_members(m: &openraft::Membership<NodeId, Member>) -> Vec<PbMember> {
         .collect()
 }
 
-/// Checks that every URL is an `http://host:port` URL, as peer URLs must be.
-fn check_urls(urls: &[String]) -> Result<(), MembershipError> {
+/// The refusal of an `https` peer URL on a member without peer TLS. An `InvalidArgument`
+/// status rather than a [`MembershipError`] variant of its own because the status table in
+/// `api::status` maps unknown variants to `Unavailable`, which forwarding members and clients
+/// retry until their deadline; the leader's answer travels to the client unchanged.
+fn https_without_peer_tls() -> MembershipError {
+    MembershipError::Remote(Status::invalid_argument(
+        "picket: https peer URLs need peer TLS on the members: start them with \
+         --peer-trusted-ca-file (and --peer-cert-file/--peer-key-file), or use http peer URLs",
+    ))
+}
+
+/// Checks that every URL is an `http://host:port` or `https://host:port` URL, as peer URLs
+/// must be. `https` URLs are accepted only when `peer_tls` (this member has peer TLS
+/// configured): the members dial peers with their peer certificates exactly for `https` URLs
+/// (`tls::PeerDialer`), and without them no member could reach the new one.
+fn check_urls(urls: &[String], peer_tls: bool) -> Result<(), MembershipError> {
     if urls.is_empty() {
         return Err(MembershipError::BadUrls);
     }
     for u in urls {
         let parsed = url::Url::parse(u).map_err(|_| MembershipError::BadUrls)?;
-        if parsed.scheme() != "http" || parsed.host_str().is_none() || parsed.port().is_none() {
+        if !matches!(parsed.scheme(), "http" | "https")
+            || parsed.host_str().is_none()
+            || parsed.port().is_none()
+        {
             return Err(MembershipError::BadUrls);
         }
+    }
+    if !peer_tls && urls.iter().any(|u| crate::tls::is_https(u)) {
+        return Err(https_without_peer_tls());
     }
     Ok(())
 }
@@ -467,7 +487,7 @@ impl ClusterControl {
         peer_urls: Vec<String>,
         retry: bool,
     ) -> Result<(), MembershipError> {
-        check_urls(&peer_urls)?;
+        check_urls(&peer_urls, self.inner.proposer.dialer().has_peer_tls())?;
         let m = self.effective();
         if let Some(node) = m.get_node(&id) {
             if retry && node.peer_urls == peer_urls {
@@ -560,7 +580,7 @@ impl ClusterControl {
     }
 
     async fn update(&self, id: NodeId, peer_urls: Vec<String>) -> Result<(), MembershipError> {
-        check_urls(&peer_urls)?;
+        check_urls(&peer_urls, self.inner.proposer.dialer().has_peer_tls())?;
         let m = self.effective();
         let node = m.get_node(&id).ok_or(MembershipError::MemberNotFound)?;
         if m.nodes().any(|(other, n)| *other != id && urls_overlap(&n.peer_urls, &peer_urls)) {
@@ -642,11 +662,18 @@ mod tests {
 
     #[test]
     fn url_checks() {
-        assert!(check_urls(&["http://127.0.0.1:2380".into()]).is_ok());
-        assert!(check_urls(&[]).is_err());
-        assert!(check_urls(&["127.0.0.1:2380".into()]).is_err());
-        assert!(check_urls(&["https://127.0.0.1:2380".into()]).is_err());
-        assert!(check_urls(&["http://127.0.0.1".into()]).is_err());
+        assert!(check_urls(&["http://127.0.0.1:2380".into()], false).is_ok());
+        assert!(check_urls(&[], true).is_err());
+        assert!(check_urls(&["127.0.0.1:2380".into()], true).is_err());
+        assert!(check_urls(&["ftp://127.0.0.1:2380".into()], true).is_err());
+        assert!(check_urls(&["http://127.0.0.1".into()], true).is_err());
+        assert!(check_urls(&["https://127.0.0.1".into()], true).is_err());
+        // https peer URLs need peer TLS (issue 19): with it they are fine, without it the
+        // refusal says what is missing.
+        assert!(check_urls(&["https://127.0.0.1:2380".into()], true).is_ok());
+        let err = check_urls(&["https://127.0.0.1:2380".into()], false).unwrap_err();
+        assert!(err.to_string().contains("--peer-trusted-ca-file"), "{err}");
+        assert!(check_urls(&["http://a:1".into(), "https://b:2".into()], false).is_err());
         assert!(urls_overlap(&["a".into(), "b".into()], &["b".into()]));
         assert!(!urls_overlap(&["a".into()], &["b".into()]));
     }
