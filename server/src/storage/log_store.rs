@@ -166,10 +166,22 @@ impl LogStore {
     }
 }
 
-impl RaftLogReader<TypeConfig> for LogStore {
-    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
-        &mut self,
+/// How many bytes of entries (as stored) one AppendEntries carries at most, unless its first
+/// entry alone is larger. openraft 0.9 bounds an AppendEntries only by entry count
+/// (`max_payload_entries`, 300) and gives it one heartbeat interval (100 ms by default) to be
+/// sent, appended and fsynced by the follower; group-commit entries reach 4 MiB, so a follower
+/// a few hundred such entries behind was sent the same hundreds of MiB again after every
+/// timeout and never caught up (issue 19). 2 MiB crosses loopback or a LAN and is fsynced well
+/// within a heartbeat; a larger single entry still goes alone, as it must.
+pub const MAX_APPEND_BYTES: usize = 2 * 1024 * 1024;
+
+impl LogStore {
+    /// The entries of `range` in order, stopping after the entry that brings the stored bytes
+    /// read to `max_bytes` (so at least one entry when there is any).
+    fn read_entries<RB: RangeBounds<u64>>(
+        &self,
         range: RB,
+        max_bytes: usize,
     ) -> Result<Vec<Entry>, StorageError> {
         let start = match range.start_bound() {
             Bound::Included(x) => *x,
@@ -178,8 +190,12 @@ impl RaftLogReader<TypeConfig> for LogStore {
         };
         let cf = self.cf(CF_LOG)?;
         let mut out = Vec::new();
+        let mut bytes = 0usize;
         let from = index_key(start);
         for item in self.db.iterator_cf(cf, IteratorMode::From(&from, Direction::Forward)) {
+            if bytes >= max_bytes {
+                break;
+            }
             let (key, value) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
             let index = u64::from_be_bytes(key.as_ref().try_into().map_err(|_| {
                 io_err(
@@ -191,9 +207,29 @@ impl RaftLogReader<TypeConfig> for LogStore {
             if !range.contains(&index) {
                 break;
             }
+            bytes = bytes.saturating_add(value.len());
             out.push(Self::decode_entry(&value)?);
         }
         Ok(out)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        self.read_entries(range, usize::MAX)
+    }
+
+    /// What openraft replicates from: a prefix of `[start, end)` of at most
+    /// [`MAX_APPEND_BYTES`] (but never empty), so every AppendEntries fits its deadline.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
+        self.read_entries(start..end, MAX_APPEND_BYTES)
     }
 }
 
