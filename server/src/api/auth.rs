@@ -200,7 +200,7 @@ fn checked_revision(state: &AuthState) -> Option<u64> {
 }
 
 /// [`Ctx::guard`], without the context.
-fn guard_cmd(checked: Option<u64>, cmd: Cmd) -> Cmd {
+pub(crate) fn guard_cmd(checked: Option<u64>, cmd: Cmd) -> Cmd {
     match checked {
         Some(rev) => crate::auth::replicated::checked(rev, cmd),
         None => cmd,

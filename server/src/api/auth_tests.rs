@@ -126,3 +126,54 @@ async fn an_unwrapped_write_in_an_old_log_still_applies_after_auth_enable() {
     let put = PutRequest { key: b"old".to_vec(), value: b"v".to_vec(), ..Default::default() };
     assert!(matches!(m.apply(Cmd::Put(put)).await, CmdResult::Put(_)));
 }
+
+/// Every other write path the API proposes (issue 19, open item of 660fd5c): the txns of
+/// Lock/Election/Locks (TryLock, Lock, Unlock, Campaign, Proclaim, Resign), of the queue and of
+/// subscription commits (all through `kv::txn`), a plain KV Txn judged with auth off, lease
+/// grants (explicit, and the implicit one a Lock or Campaign without a lease makes) and group
+/// deletes. Each is built exactly as its handler builds it from the revision `authorize` returned
+/// on a member that had not applied AuthEnable yet, and must be refused once apply runs it after
+/// the enable.
+#[tokio::test]
+async fn every_write_path_checked_with_auth_off_is_refused_when_applied_after_auth_enable() {
+    use picket_proto::etcdserverpb::request_op::Request as Op;
+    use picket_proto::etcdserverpb::{
+        DeleteRangeRequest, LeaseGrantRequest, RequestOp, TxnRequest,
+    };
+
+    let mut m = Member::new();
+    m.add_root().await;
+    let off = m.sm.shared().auth();
+    assert!(!off.enabled);
+    let checked = checked_revision(&off);
+    let put = PutRequest { key: b"lock/1".to_vec(), value: b"v".to_vec(), ..Default::default() };
+    let txn = TxnRequest {
+        success: vec![RequestOp { request: Some(Op::RequestPut(put)) }],
+        ..Default::default()
+    };
+    let del = DeleteRangeRequest { key: crate::subscription::group_key("g"), ..Default::default() };
+    let writes = [
+        (
+            "txn (locks, elections, queue, commits, KV Txn)",
+            crate::api::kv::txn_command(checked, txn),
+        ),
+        (
+            "lease grant",
+            crate::api::lease::grant_command(checked, LeaseGrantRequest { ttl: 60, id: 77 }),
+        ),
+        ("group delete", crate::api::subscription::delete_command(checked, del)),
+    ];
+    m.enable().await;
+    for (what, write) in writes {
+        match m.apply(write).await {
+            CmdResult::Error(e) => {
+                assert!(e.message.contains("revision of auth store is old"), "{what}: {e:?}");
+            }
+            other => panic!("{what} checked with auth off applied after enable: {other:?}"),
+        }
+    }
+    let req =
+        picket_proto::etcdserverpb::RangeRequest { key: b"lock/1".to_vec(), ..Default::default() };
+    assert!(m.sm.shared().reader().range(&req).expect("read").kvs.is_empty());
+    assert!(m.sm.shared().with_leases(|t| t.iter().all(|l| l.id != 77)), "no lease granted");
+}

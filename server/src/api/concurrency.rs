@@ -1,5 +1,12 @@
 //! Lock and Election services: thin gRPC wrappers over [`crate::concurrency`], which runs on
 //! this member's own KV path through [`CtxBackend`] (never by dialing our own endpoint).
+//!
+//! A [`CtxBackend`] is built per request from what `Ctx::authorize` returned for it, and every
+//! write it proposes (the contender txn, unlock, proclaim, resign, an implicit lease grant)
+//! carries that auth revision, as a KV Put does (`Ctx::guard`): apply refuses it if auth changed
+//! after the check, including "auth looked off on a member that had not applied AuthEnable yet"
+//! (issue 19). The one write a request makes after an unbounded wait, a waiter's clean-up
+//! delete, is judged again first (`Backend::for_cleanup`).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -9,7 +16,6 @@ use picket_proto::etcdserverpb::{
     LeaseGrantRequest, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
-use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::v3electionpb::election_server::Election;
 use picket_proto::v3electionpb::{
     CampaignRequest, CampaignResponse, LeaderRequest, LeaderResponse, ProclaimRequest,
@@ -19,6 +25,7 @@ use picket_proto::v3lockpb::lock_server::Lock;
 use picket_proto::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use super::status::concurrency_status;
@@ -31,35 +38,69 @@ use crate::storage::state_machine::FeedItem;
 /// does not renew it, so the lock or leadership ends on its own after at most this long.
 const IMPLICIT_LEASE_TTL: i64 = 60;
 
-/// The store as locks and elections see it: this member's own replicated KV path.
+/// The store as one request's locks, elections or queue operations see it: this member's own
+/// replicated KV path, writing as judged at the auth revision the request was checked at.
 #[derive(Clone)]
-pub struct CtxBackend(pub Arc<Ctx>);
+pub struct CtxBackend {
+    ctx: Arc<Ctx>,
+    /// What `Ctx::authorize` returned for the request: every write proposed through this
+    /// backend carries it (`Ctx::guard`).
+    checked: Option<u64>,
+    /// The request's metadata (its token), to judge a clean-up write again.
+    meta: Arc<MetadataMap>,
+}
 
 impl Backend for CtxBackend {
     async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, Status> {
-        super::kv::txn(&self.0, req).await
+        super::kv::txn(&self.ctx, self.checked, req).await
     }
 
     async fn range(&self, req: RangeRequest) -> Result<RangeResponse, Status> {
-        super::kv::range(&self.0, req).await
+        super::kv::range(&self.ctx, req).await
     }
 
     fn subscribe(&self) -> broadcast::Receiver<FeedItem> {
-        self.0.sm.subscribe()
+        self.ctx.sm.subscribe()
+    }
+
+    async fn for_cleanup(&self, key: &[u8]) -> Result<Self, Status> {
+        // The caller's permission to delete its own key, as Unlock would judge it now. If auth
+        // was enabled while it waited and it has no token, this fails and the key stays until
+        // its lease expires (the caller would not be allowed to delete it by Unlock either).
+        let checked = self.ctx.authorize(&self.meta, &[super::auth::write_key(key)]).await?;
+        Ok(Self { checked, ..self.clone() })
     }
 }
 
 impl CtxBackend {
+    /// The backend for one request, whose metadata `meta` `Ctx::authorize` judged, returning
+    /// `checked`. `None` (nothing judged) proposes writes unwrapped: only for requests that only
+    /// read (Leader, Observe, WatchHold, Inspect).
+    pub fn new(ctx: Arc<Ctx>, meta: &MetadataMap, checked: Option<u64>) -> Self {
+        Self { ctx, checked, meta: Arc::new(meta.clone()) }
+    }
+
+    /// Judges `meta` for `needs` and returns the backend for the request (see [`Self::new`]).
+    pub async fn authorize(
+        ctx: &Arc<Ctx>,
+        meta: &MetadataMap,
+        needs: &[crate::auth::Need],
+    ) -> Result<Self, Status> {
+        let checked = ctx.authorize(meta, needs).await?;
+        Ok(Self::new(ctx.clone(), meta, checked))
+    }
+
+    pub fn ctx(&self) -> &Ctx {
+        &self.ctx
+    }
+
     async fn lease_or_implicit(&self, lease: i64) -> Result<i64, Status> {
         if lease != 0 {
             return Ok(lease);
         }
         let id = super::lease::random_lease_id();
-        match self
-            .0
-            .propose(Cmd::LeaseGrant(LeaseGrantRequest { ttl: IMPLICIT_LEASE_TTL, id }))
-            .await?
-        {
+        let grant = LeaseGrantRequest { ttl: IMPLICIT_LEASE_TTL, id };
+        match self.ctx.propose(super::lease::grant_command(self.checked, grant)).await? {
             CmdResult::LeaseGrant(r) => Ok(r.id),
             _ => Err(unexpected("implicit lease grant")),
         }
@@ -67,12 +108,12 @@ impl CtxBackend {
 }
 
 pub struct LockService {
-    backend: CtxBackend,
+    ctx: Arc<Ctx>,
 }
 
 impl LockService {
     pub fn new(ctx: Arc<Ctx>) -> Self {
-        Self { backend: CtxBackend(ctx) }
+        Self { ctx }
     }
 }
 
@@ -81,14 +122,14 @@ impl Lock for LockService {
     #[tracing::instrument(level = "debug", skip_all, fields(lease_id = req.get_ref().lease))]
     async fn lock(&self, req: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
         let (meta, _, req) = req.into_parts();
-        self.backend.0.authorize(&meta, &super::auth::contender_needs(&req.name, true)).await?;
-        let lease = self.backend.lease_or_implicit(req.lease).await?;
-        let grant = mutex::lock(&self.backend, &req.name, lease)
-            .await
-            .map_err(|e| concurrency_status(&e))?;
+        let needs = super::auth::contender_needs(&req.name, true);
+        let backend = CtxBackend::authorize(&self.ctx, &meta, &needs).await?;
+        let lease = backend.lease_or_implicit(req.lease).await?;
+        let grant =
+            mutex::lock(&backend, &req.name, lease).await.map_err(|e| concurrency_status(&e))?;
         tracing::debug!(revision = grant.token, "lock granted");
         let mut header = grant.header;
-        self.backend.0.stamp(&mut header);
+        self.ctx.stamp(&mut header);
         Ok(Response::new(LockResponse { header, key: grant.key }))
     }
 
@@ -98,21 +139,22 @@ impl Lock for LockService {
         req: Request<UnlockRequest>,
     ) -> Result<Response<UnlockResponse>, Status> {
         let (meta, _, req) = req.into_parts();
-        self.backend.0.authorize(&meta, &[super::auth::write_key(&req.key)]).await?;
+        let backend =
+            CtxBackend::authorize(&self.ctx, &meta, &[super::auth::write_key(&req.key)]).await?;
         let mut header =
-            mutex::unlock(&self.backend, &req.key).await.map_err(|e| concurrency_status(&e))?;
-        self.backend.0.stamp(&mut header);
+            mutex::unlock(&backend, &req.key).await.map_err(|e| concurrency_status(&e))?;
+        self.ctx.stamp(&mut header);
         Ok(Response::new(UnlockResponse { header }))
     }
 }
 
 pub struct ElectionService {
-    backend: CtxBackend,
+    ctx: Arc<Ctx>,
 }
 
 impl ElectionService {
     pub fn new(ctx: Arc<Ctx>) -> Self {
-        Self { backend: CtxBackend(ctx) }
+        Self { ctx }
     }
 }
 
@@ -131,12 +173,13 @@ impl Election for ElectionService {
         req: Request<CampaignRequest>,
     ) -> Result<Response<CampaignResponse>, Status> {
         let (meta, _, req) = req.into_parts();
-        self.backend.0.authorize(&meta, &super::auth::contender_needs(&req.name, true)).await?;
-        let lease = self.backend.lease_or_implicit(req.lease).await?;
-        let (leader, mut header) = election::campaign(&self.backend, &req.name, lease, &req.value)
+        let needs = super::auth::contender_needs(&req.name, true);
+        let backend = CtxBackend::authorize(&self.ctx, &meta, &needs).await?;
+        let lease = backend.lease_or_implicit(req.lease).await?;
+        let (leader, mut header) = election::campaign(&backend, &req.name, lease, &req.value)
             .await
             .map_err(|e| concurrency_status(&e))?;
-        self.backend.0.stamp(&mut header);
+        self.ctx.stamp(&mut header);
         Ok(Response::new(CampaignResponse { header, leader: Some(leader) }))
     }
 
@@ -147,11 +190,12 @@ impl Election for ElectionService {
     ) -> Result<Response<ProclaimResponse>, Status> {
         let (meta, _, req) = req.into_parts();
         let leader = req.leader.ok_or_else(missing_leader)?;
-        self.backend.0.authorize(&meta, &[super::auth::write_key(&leader.key)]).await?;
-        let mut header = election::proclaim(&self.backend, &leader, &req.value)
+        let backend =
+            CtxBackend::authorize(&self.ctx, &meta, &[super::auth::write_key(&leader.key)]).await?;
+        let mut header = election::proclaim(&backend, &leader, &req.value)
             .await
             .map_err(|e| concurrency_status(&e))?;
-        self.backend.0.stamp(&mut header);
+        self.ctx.stamp(&mut header);
         Ok(Response::new(ProclaimResponse { header }))
     }
 
@@ -161,10 +205,11 @@ impl Election for ElectionService {
         req: Request<LeaderRequest>,
     ) -> Result<Response<LeaderResponse>, Status> {
         let (meta, _, req) = req.into_parts();
-        self.backend.0.authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
+        self.ctx.authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
+        let backend = CtxBackend::new(self.ctx.clone(), &meta, None);
         let (kv, mut header) =
-            election::leader(&self.backend, &req.name).await.map_err(|e| concurrency_status(&e))?;
-        self.backend.0.stamp(&mut header);
+            election::leader(&backend, &req.name).await.map_err(|e| concurrency_status(&e))?;
+        self.ctx.stamp(&mut header);
         Ok(Response::new(LeaderResponse { header, kv: Some(kv) }))
     }
 
@@ -176,15 +221,16 @@ impl Election for ElectionService {
     ) -> Result<Response<ObserveStream>, Status> {
         let (meta, _, req) = req.into_parts();
         let name = req.name;
-        self.backend.0.authorize(&meta, &super::auth::contender_needs(&name, false)).await?;
+        self.ctx.authorize(&meta, &super::auth::contender_needs(&name, false)).await?;
         // Small buffer: an observer only needs the latest leader; a slow reader holds back only
         // its own observe task.
         let (tx, rx) = mpsc::channel(16);
-        let backend = self.backend.clone();
+        // Observe only reads: no write carries the revision.
+        let backend = CtxBackend::new(self.ctx.clone(), &meta, None);
         tokio::spawn(async move {
             let tx2 = tx.clone();
             let res = election::observe(&backend, &name, |kv, mut header| {
-                backend.0.stamp(&mut header);
+                backend.ctx().stamp(&mut header);
                 tx.try_send(Ok(LeaderResponse { header, kv: Some(kv) })).is_ok() || !tx.is_closed()
             })
             .await;
@@ -202,10 +248,11 @@ impl Election for ElectionService {
     ) -> Result<Response<ResignResponse>, Status> {
         let (meta, _, req) = req.into_parts();
         let leader = req.leader.ok_or_else(missing_leader)?;
-        self.backend.0.authorize(&meta, &[super::auth::write_key(&leader.key)]).await?;
+        let backend =
+            CtxBackend::authorize(&self.ctx, &meta, &[super::auth::write_key(&leader.key)]).await?;
         let mut header =
-            election::resign(&self.backend, &leader).await.map_err(|e| concurrency_status(&e))?;
-        self.backend.0.stamp(&mut header);
+            election::resign(&backend, &leader).await.map_err(|e| concurrency_status(&e))?;
+        self.ctx.stamp(&mut header);
         Ok(Response::new(ResignResponse { header }))
     }
 }

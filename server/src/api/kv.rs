@@ -36,18 +36,26 @@ pub async fn range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse, Status
 
 /// Serves a range from the local store as it is now: the caller has taken the read barrier a
 /// linearizable read needs (`Ctx::authorize_read` does).
-fn local_range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse, Status> {
+pub(crate) fn local_range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse, Status> {
     validate::range(&req).map_err(|e| mvcc_status(&e))?;
     let mut resp = ctx.sm.reader().range(&req).map_err(|e| mvcc_status(&e))?;
     ctx.stamp(&mut resp.header);
     Ok(resp)
 }
 
-/// Validates and replicates a txn, returning the stamped response.
-pub async fn txn(ctx: &Ctx, req: TxnRequest) -> Result<TxnResponse, Status> {
+/// The command a txn judged at auth revision `checked` is proposed as: wrapped, so apply
+/// refuses it if auth changed since (see `Ctx::guard`), also when auth was off.
+pub(crate) fn txn_command(checked: Option<u64>, req: TxnRequest) -> Cmd {
+    super::auth::guard_cmd(checked, Cmd::Txn(req))
+}
+
+/// Validates and replicates a txn judged at auth revision `checked` (what `Ctx::authorize`
+/// returned for the request it serves), returning the stamped response. Locks, elections,
+/// queues and subscriptions send their txns through here.
+pub async fn txn(ctx: &Ctx, checked: Option<u64>, req: TxnRequest) -> Result<TxnResponse, Status> {
     ctx.check_size(&req)?;
     validate::txn(&req, ctx.max_txn_ops).map_err(|e| mvcc_status(&e))?;
-    match ctx.propose(Cmd::Txn(req)).await? {
+    match ctx.propose(txn_command(checked, req)).await? {
         CmdResult::Txn(mut r) => {
             ctx.stamp(&mut r.header);
             Ok(r)
@@ -109,21 +117,13 @@ impl Kv for KvService {
     #[tracing::instrument(level = "debug", skip_all)]
     async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         let (meta, _, req) = req.into_parts();
-        if !self.ctx.auth_enabled() {
-            return txn(&self.ctx, req).await.map(Response::new);
-        }
         // Every compare and op of both branches, checked before proposing; a read-only txn
-        // is still proposed, so apply re-validates it like any write.
+        // is still proposed, so apply re-validates it like any write. Judged also when auth
+        // looks off here, so the txn carries the auth revision (issue 19).
         self.ctx.check_size(&req)?;
         validate::txn(&req, self.ctx.max_txn_ops).map_err(|e| mvcc_status(&e))?;
         let checked = self.ctx.authorize(&meta, &crate::auth::perm::txn_needs(&req)).await?;
-        match self.ctx.propose(self.ctx.guard(checked, Cmd::Txn(req))).await? {
-            CmdResult::Txn(mut r) => {
-                self.ctx.stamp(&mut r.header);
-                Ok(Response::new(r))
-            }
-            _ => Err(unexpected("txn")),
-        }
+        txn(&self.ctx, checked, req).await.map(Response::new)
     }
 
     #[tracing::instrument(level = "debug", skip_all)]

@@ -82,6 +82,13 @@ impl LeaseLeader {
     }
 }
 
+/// The command a lease grant judged at auth revision `checked` is proposed as: wrapped, like
+/// every write (`Ctx::guard`), so a grant judged with auth off on a member that had not applied
+/// AuthEnable is refused after it.
+pub(crate) fn grant_command(checked: Option<u64>, req: LeaseGrantRequest) -> Cmd {
+    super::auth::guard_cmd(checked, Cmd::LeaseGrant(req))
+}
+
 /// Runs on the member that receives the grant, before proposing: the id is part of the
 /// command, so apply stays deterministic.
 #[allow(clippy::disallowed_methods)]
@@ -261,7 +268,7 @@ impl Lease for LeaseService {
         let (meta, _, req) = req.into_parts();
         // Any authenticated user may grant a lease (etcd); what it is attached to is checked
         // by the puts that attach keys.
-        self.ctx.authorize(&meta, &[]).await?;
+        let checked = self.ctx.authorize(&meta, &[]).await?;
         if req.ttl > MAX_TTL_SECONDS {
             return Err(lease_status(&LeaseError::TtlTooLarge));
         }
@@ -271,7 +278,8 @@ impl Lease for LeaseService {
         let attempts = if req.id == 0 { GRANT_ID_ATTEMPTS } else { 1 };
         for attempt in 1..=attempts {
             let id = if req.id == 0 { random_lease_id() } else { req.id };
-            match self.ctx.propose(Cmd::LeaseGrant(LeaseGrantRequest { ttl: req.ttl, id })).await {
+            let grant = LeaseGrantRequest { ttl: req.ttl, id };
+            match self.ctx.propose(grant_command(checked, grant)).await {
                 Ok(CmdResult::LeaseGrant(mut r)) => {
                     r.header = Some(self.ctx.header(self.ctx.sm.revision()));
                     return Ok(Response::new(r));

@@ -1,5 +1,8 @@
 //! `picket.v1.Locks`: what etcd's lock API lacks — try-lock, bounded waits, inspection, token
 //! checks (Chubby's CheckSequencer) and fenced writes.
+//!
+//! Writes carry the auth revision their request was checked at (a per-request [`CtxBackend`],
+//! or `Ctx::guard` for FencedTxn) (issue 19): see `api::concurrency`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,16 +31,16 @@ use crate::mvcc::validate;
 const INSPECT_TTL_LIMIT: usize = 100;
 
 pub struct LocksService {
-    backend: CtxBackend,
+    ctx: Arc<Ctx>,
 }
 
 impl LocksService {
     pub fn new(ctx: Arc<Ctx>) -> Self {
-        Self { backend: CtxBackend(ctx) }
+        Self { ctx }
     }
 
     fn ctx(&self) -> &Ctx {
-        &self.backend.0
+        &self.ctx
     }
 
     async fn contender(&self, kv: &KeyValue, with_ttl: bool) -> Contender {
@@ -88,11 +91,12 @@ impl Locks for LocksService {
     ) -> Result<Response<HoldStream>, Status> {
         let (meta, _, req) = req.into_parts();
         self.ctx().authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
-        let backend = self.backend.clone();
+        // WatchHold only reads: no write carries the revision.
+        let backend = CtxBackend::new(self.ctx.clone(), &meta, None);
         // Two messages at most, so a tiny buffer suffices.
         let (tx, rx) = tokio::sync::mpsc::channel(2);
+        let svc = LocksService { ctx: self.ctx.clone() };
         tokio::spawn(async move {
-            let svc = LocksService { backend };
             let first =
                 super::kv::range(svc.ctx(), crate::concurrency::holder_range(&req.name)).await;
             let (holder, header) = match first {
@@ -107,7 +111,7 @@ impl Locks for LocksService {
                 return;
             }
             let lost = tokio::select! {
-                r = mutex::wait_lost(&svc.backend, &req.name, req.token) => r,
+                r = mutex::wait_lost(&backend, &req.name, req.token) => r,
                 // The holder stopped listening: stop watching for it.
                 _ = tx.closed() => return,
             };
@@ -130,9 +134,10 @@ impl Locks for LocksService {
         req: Request<TryLockRequest>,
     ) -> Result<Response<TryLockResponse>, Status> {
         let (meta, _, req) = req.into_parts();
-        self.ctx().authorize(&meta, &super::auth::contender_needs(&req.name, true)).await?;
+        let needs = super::auth::contender_needs(&req.name, true);
+        let backend = CtxBackend::authorize(&self.ctx, &meta, &needs).await?;
         require_lease(req.lease)?;
-        let out = mutex::try_lock(&self.backend, &req.name, req.lease)
+        let out = mutex::try_lock(&backend, &req.name, req.lease)
             .await
             .map_err(|e| concurrency_status(&e))?;
         let resp = match out {
@@ -158,9 +163,10 @@ impl Locks for LocksService {
     #[tracing::instrument(level = "debug", skip_all, fields(lease_id = req.get_ref().lease))]
     async fn lock(&self, req: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
         let (meta, _, req) = req.into_parts();
-        self.ctx().authorize(&meta, &super::auth::contender_needs(&req.name, true)).await?;
+        let needs = super::auth::contender_needs(&req.name, true);
+        let backend = CtxBackend::authorize(&self.ctx, &meta, &needs).await?;
         require_lease(req.lease)?;
-        let wait = mutex::lock(&self.backend, &req.name, req.lease);
+        let wait = mutex::lock(&backend, &req.name, req.lease);
         let grant = if req.wait_timeout_ms > 0 {
             // Dropping the waiting future on timeout removes the waiter's key (see
             // `mutex::lock`), so a timed-out caller leaves nothing queued.
@@ -189,9 +195,9 @@ impl Locks for LocksService {
     ) -> Result<Response<InspectResponse>, Status> {
         let (meta, _, req) = req.into_parts();
         self.ctx().authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
-        let (kvs, mut header) = mutex::contenders(&self.backend, &req.name)
-            .await
-            .map_err(|e| concurrency_status(&e))?;
+        let backend = CtxBackend::new(self.ctx.clone(), &meta, None);
+        let (kvs, mut header) =
+            mutex::contenders(&backend, &req.name).await.map_err(|e| concurrency_status(&e))?;
         let mut all = Vec::with_capacity(kvs.len());
         for (i, kv) in kvs.iter().enumerate() {
             all.push(self.contender(kv, i < INSPECT_TTL_LIMIT).await);

@@ -67,31 +67,37 @@ fn require_lease(lease: i64) -> Result<(), Status> {
 }
 
 pub struct QueueService {
-    backend: CtxBackend,
+    ctx: Arc<Ctx>,
 }
 
 impl QueueService {
     pub fn new(ctx: Arc<Ctx>) -> Self {
-        Self { backend: CtxBackend(ctx) }
+        Self { ctx }
     }
 
     /// With auth enabled, a queue's operations need READ (inspecting) or READ and WRITE
     /// (everything else) on the queue's key prefix, the keys they read and write. Checked once
-    /// here, before the operation's transactions, like the lock service's checks.
-    async fn authorize(&self, meta: &MetadataMap, queue: &str, write: bool) -> Result<(), Status> {
-        if !self.ctx().auth_enabled() {
-            return Ok(());
-        }
+    /// here, before the operation's transactions, like the lock service's checks. Judged also
+    /// when auth looks off here: the returned backend's txns carry the auth revision judged at,
+    /// so apply refuses them if auth changed since (issue 19; a Claim that waited through an
+    /// AuthEnable gets "revision of auth store is old" and retries, and its claim txn, the last
+    /// step, did not run).
+    async fn backend(
+        &self,
+        meta: &MetadataMap,
+        queue: &str,
+        write: bool,
+    ) -> Result<CtxBackend, Status> {
         let range = KeyRange::prefix(&queue::keys::queue_prefix(queue));
         let mut needs = vec![Need::Read(range.clone())];
         if write {
             needs.push(Need::Write(range));
         }
-        self.ctx().authorize(meta, &needs).await.map(|_| ())
+        CtxBackend::authorize(&self.ctx, meta, &needs).await
     }
 
     fn ctx(&self) -> &Ctx {
-        &self.backend.0
+        &self.ctx
     }
 
     fn header(&self, revision: i64) -> Option<picket_proto::etcdserverpb::ResponseHeader> {
@@ -108,7 +114,7 @@ impl Queue for QueueService {
         &self,
         req: Request<EnqueueRequest>,
     ) -> Result<Response<EnqueueResponse>, Status> {
-        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
         self.ctx().check_size(&req)?;
         check(queue::validate_queue(&req.queue))?;
@@ -146,7 +152,7 @@ impl Queue for QueueService {
             enqueued_at_ms: now,
         };
         let job = ops::NewJob { record, delay_ms: req.delay_ms };
-        let out = ops::enqueue(&self.backend, &req.queue, job, now, new_job_id)
+        let out = ops::enqueue(&backend, &req.queue, job, now, new_job_id)
             .await
             .map_err(|e| queue_status(&e))?;
         tracing::debug!(queue = %req.queue, job = %out.id, revision = out.revision, duplicate = out.duplicate, "enqueued");
@@ -160,7 +166,7 @@ impl Queue for QueueService {
 
     #[tracing::instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, lease_id = req.get_ref().lease))]
     async fn claim(&self, req: Request<ClaimRequest>) -> Result<Response<ClaimResponse>, Status> {
-        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
         check(queue::validate_queue(&req.queue))?;
         require_lease(req.lease)?;
@@ -180,7 +186,7 @@ impl Queue for QueueService {
         // nothing behind (the claim Txn is the last step and either committed or did not run).
         let wait = req.wait_timeout_ms.map(Duration::from_millis);
         let job = ops::claim(
-            &self.backend,
+            &backend,
             &req.queue,
             req.lease,
             req.visibility_timeout_ms,
@@ -199,11 +205,11 @@ impl Queue for QueueService {
 
     #[tracing::instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, revision = req.get_ref().token))]
     async fn ack(&self, req: Request<AckJobRequest>) -> Result<Response<AckJobResponse>, Status> {
-        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
         check(queue::validate_queue(&req.queue))?;
         check(queue::validate_job_id(&req.job_id))?;
-        let rev = ops::ack(&self.backend, &req.queue, &req.job_id, req.token)
+        let rev = ops::ack(&backend, &req.queue, &req.job_id, req.token)
             .await
             .map_err(|e| queue_status(&e))?;
         Ok(Response::new(AckJobResponse { header: self.header(rev) }))
@@ -214,7 +220,7 @@ impl Queue for QueueService {
         &self,
         req: Request<NackJobRequest>,
     ) -> Result<Response<NackJobResponse>, Status> {
-        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
         check(queue::validate_queue(&req.queue))?;
         check(queue::validate_job_id(&req.job_id))?;
@@ -231,17 +237,10 @@ impl Queue for QueueService {
             }
             error.truncate(cut);
         }
-        let out = ops::nack(
-            &self.backend,
-            &req.queue,
-            &req.job_id,
-            req.token,
-            req.delay_ms,
-            &error,
-            now_ms(),
-        )
-        .await
-        .map_err(|e| queue_status(&e))?;
+        let out =
+            ops::nack(&backend, &req.queue, &req.job_id, req.token, req.delay_ms, &error, now_ms())
+                .await
+                .map_err(|e| queue_status(&e))?;
         Ok(Response::new(NackJobResponse {
             header: self.header(out.revision),
             dead_lettered: out.dead_lettered,
@@ -254,13 +253,13 @@ impl Queue for QueueService {
         &self,
         req: Request<ExtendClaimRequest>,
     ) -> Result<Response<ExtendClaimResponse>, Status> {
-        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
         check(queue::validate_queue(&req.queue))?;
         check(queue::validate_job_id(&req.job_id))?;
         check(queue::validate_ms("visibility_timeout_ms", req.visibility_timeout_ms))?;
         let (deadline_ms, rev) = ops::extend(
-            &self.backend,
+            &backend,
             &req.queue,
             &req.job_id,
             req.token,
@@ -277,11 +276,11 @@ impl Queue for QueueService {
         &self,
         req: Request<QueueInspectRequest>,
     ) -> Result<Response<QueueInspectResponse>, Status> {
-        self.authorize(req.metadata(), &req.get_ref().queue, false).await?;
+        let backend = self.backend(req.metadata(), &req.get_ref().queue, false).await?;
         let req = req.into_inner();
         check(queue::validate_queue(&req.queue))?;
         check_list_limit(req.limit)?;
-        let out = ops::inspect(&self.backend, &req.queue, req.limit as usize, now_ms())
+        let out = ops::inspect(&backend, &req.queue, req.limit as usize, now_ms())
             .await
             .map_err(|e| queue_status(&e))?;
         Ok(Response::new(QueueInspectResponse {
@@ -299,12 +298,12 @@ impl Queue for QueueService {
         &self,
         req: Request<DeadLettersRequest>,
     ) -> Result<Response<DeadLettersResponse>, Status> {
-        self.authorize(req.metadata(), &req.get_ref().queue, false).await?;
+        let backend = self.backend(req.metadata(), &req.get_ref().queue, false).await?;
         let req = req.into_inner();
         check(queue::validate_queue(&req.queue))?;
         check_list_limit(req.limit)?;
         let limit = if req.limit == 0 { DEFAULT_DEAD_LIST } else { req.limit };
-        let (dead, count, rev) = ops::dead_letters(&self.backend, &req.queue, limit as usize)
+        let (dead, count, rev) = ops::dead_letters(&backend, &req.queue, limit as usize)
             .await
             .map_err(|e| queue_status(&e))?;
         let jobs = dead
@@ -319,11 +318,11 @@ impl Queue for QueueService {
         &self,
         req: Request<RequeueJobRequest>,
     ) -> Result<Response<RequeueJobResponse>, Status> {
-        self.authorize(req.metadata(), &req.get_ref().queue, true).await?;
+        let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
         check(queue::validate_queue(&req.queue))?;
         check(queue::validate_job_id(&req.job_id))?;
-        let rev = ops::requeue(&self.backend, &req.queue, &req.job_id, now_ms())
+        let rev = ops::requeue(&backend, &req.queue, &req.job_id, now_ms())
             .await
             .map_err(|e| queue_status(&e))?;
         Ok(Response::new(RequeueJobResponse { header: self.header(rev) }))

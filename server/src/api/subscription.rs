@@ -82,6 +82,12 @@ fn check_name(name: &str) -> Result<(), Status> {
     sub::validate_name(name).map_err(|e| Status::invalid_argument(e.to_string()))
 }
 
+/// The command a group delete judged at auth revision `checked` is proposed as (wrapped, see
+/// `Ctx::guard`).
+pub(crate) fn delete_command(checked: Option<u64>, req: DeleteRangeRequest) -> Cmd {
+    super::auth::guard_cmd(checked, Cmd::DeleteRange(req))
+}
+
 fn put_op(key: Vec<u8>, rec: &SubscriptionGroup) -> RequestOp {
     RequestOp {
         request: Some(Op::RequestPut(PutRequest {
@@ -119,7 +125,7 @@ impl Subscriptions for SubscriptionsService {
             Need::Write(KeyRange::new(&sub::group_key(&g.name), &[])),
             Need::Read(KeyRange::new(&g.key, &g.range_end)),
         ];
-        self.ctx.authorize(req.metadata(), &needs).await?;
+        let checked = self.ctx.authorize(req.metadata(), &needs).await?;
         let req = req.into_inner();
         self.ctx.check_size(&req)?;
         check_name(&req.name)?;
@@ -170,7 +176,7 @@ impl Subscriptions for SubscriptionsService {
             success: vec![put_op(key.clone(), &rec)],
             failure: vec![],
         };
-        let resp = super::kv::txn(&self.ctx, txn).await?;
+        let resp = super::kv::txn(&self.ctx, checked, txn).await?;
         if !resp.succeeded {
             return Err(Status::already_exists(format!(
                 "picket: subscription group {:?} already exists",
@@ -189,11 +195,11 @@ impl Subscriptions for SubscriptionsService {
         req: Request<DeleteGroupRequest>,
     ) -> Result<Response<DeleteGroupResponse>, Status> {
         let needs = [Need::Write(KeyRange::new(&sub::group_key(&req.get_ref().name), &[]))];
-        self.ctx.authorize(req.metadata(), &needs).await?;
+        let checked = self.ctx.authorize(req.metadata(), &needs).await?;
         let req = req.into_inner();
         check_name(&req.name)?;
         let del = DeleteRangeRequest { key: sub::group_key(&req.name), ..Default::default() };
-        match self.ctx.propose(Cmd::DeleteRange(del)).await? {
+        match self.ctx.propose(delete_command(checked, del)).await? {
             CmdResult::DeleteRange(mut r) => {
                 if r.deleted == 0 {
                     return Err(not_found(&req.name));
@@ -252,7 +258,7 @@ impl Subscriptions for SubscriptionsService {
         req: Request<GroupCommitRequest>,
     ) -> Result<Response<GroupCommitResponse>, Status> {
         let needs = [Need::Write(KeyRange::new(&sub::group_key(&req.get_ref().name), &[]))];
-        self.ctx.authorize(req.metadata(), &needs).await?;
+        let checked = self.ctx.authorize(req.metadata(), &needs).await?;
         let req = req.into_inner();
         check_name(&req.name)?;
         if req.revision < 0 {
@@ -290,7 +296,7 @@ impl Subscriptions for SubscriptionsService {
                 success: vec![put_op(key.clone(), &rec)],
                 failure: vec![range_op(key.clone())],
             };
-            let resp = super::kv::txn(&self.ctx, txn).await?;
+            let resp = super::kv::txn(&self.ctx, checked, txn).await?;
             header = resp.header.unwrap_or_default();
             if resp.succeeded {
                 tracing::debug!(group = %req.name, committed = rec.committed, "group committed");

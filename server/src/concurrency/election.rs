@@ -47,7 +47,10 @@ pub async fn campaign<B: Backend>(
         Ok(h) => h,
         Err(e) => {
             if created {
-                let _ = resign(b, &leader).await;
+                // Judged again, like a lock waiter's clean-up (`Backend::for_cleanup`).
+                if let Ok(b) = b.for_cleanup(&leader.key).await {
+                    let _ = resign(&b, &leader).await;
+                }
             }
             return Err(e);
         }

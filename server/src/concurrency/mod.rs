@@ -48,6 +48,17 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// The feed of applied revisions on this member. A [`FeedItem::SnapshotInstalled`] item means
     /// the state jumped without events: every waiter re-reads on it.
     fn subscribe(&self) -> broadcast::Receiver<FeedItem>;
+    /// The backend for a clean-up write of `key` (a waiter that ends without the lock, or a
+    /// candidate that ends without leadership, deleting its own key), judged again now. The
+    /// request's own writes carry the auth revision they were checked at, and apply refuses them
+    /// once auth has changed since; a waiter may have waited through such a change, and its
+    /// clean-up must not be refused for it (the key would block everyone behind it until its
+    /// lease expires). The default (no auth to judge) is this backend.
+    fn for_cleanup(&self, key: &[u8]) -> impl Future<Output = Result<Self, tonic::Status>> + Send {
+        let _ = key;
+        let me = self.clone();
+        async move { Ok(me) }
+    }
 }
 
 #[derive(Debug, Error)]

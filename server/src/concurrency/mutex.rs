@@ -221,11 +221,18 @@ impl<B: Backend> Drop for Cleanup<B> {
     fn drop(&mut self) {
         if let Some(key) = self.key.take() {
             let backend = self.backend.clone();
-            // Drop cannot await, so the delete runs as its own task. If it fails (no leader, node
-            // stopping), the key still goes away when its lease expires; until then it only
-            // delays later waiters, it can never be granted, because nobody waits on it.
+            // Drop cannot await, so the delete runs as its own task. It is judged again first
+            // (`Backend::for_cleanup`): auth may have changed while the call waited. If it fails
+            // (no leader, node stopping, the caller may no longer write the key, auth changed
+            // again before it applied), the key still goes away when its lease expires; until
+            // then it only delays later waiters, it can never be granted, because nobody waits
+            // on it.
             tokio::spawn(async move {
-                if let Err(e) = unlock(&backend, &key).await {
+                let removed = async {
+                    let backend = backend.for_cleanup(&key).await?;
+                    unlock(&backend, &key).await
+                };
+                if let Err(e) = removed.await {
                     tracing::warn!(error = %e, "could not remove an abandoned lock waiter's key");
                 }
             });
