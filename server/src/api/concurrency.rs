@@ -7,6 +7,10 @@
 //! after the check, including "auth looked off on a member that had not applied AuthEnable yet"
 //! (issue 19). The one write a request makes after an unbounded wait, a waiter's clean-up
 //! delete, is judged again first (`Backend::for_cleanup`).
+//!
+//! Reads that only look (Leader, Observe) are judged after their read barrier, as KV Range is:
+//! Leader reads first and judges after, so it still costs one ReadIndex round; Observe, a
+//! stream, takes its barrier when it opens.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -205,10 +209,13 @@ impl Election for ElectionService {
         req: Request<LeaderRequest>,
     ) -> Result<Response<LeaderResponse>, Status> {
         let (meta, _, req) = req.into_parts();
-        self.ctx.authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
+        // Read first (its read barrier brings this member's auth store up to the request), then
+        // judge, then answer: one ReadIndex round, and nothing about the election, not even
+        // "no leader", reaches a caller the judgment refuses.
         let backend = CtxBackend::new(self.ctx.clone(), &meta, None);
-        let (kv, mut header) =
-            election::leader(&backend, &req.name).await.map_err(|e| concurrency_status(&e))?;
+        let read = election::leader(&backend, &req.name).await;
+        self.ctx.authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
+        let (kv, mut header) = read.map_err(|e| concurrency_status(&e))?;
         self.ctx.stamp(&mut header);
         Ok(Response::new(LeaderResponse { header, kv: Some(kv) }))
     }
@@ -221,7 +228,9 @@ impl Election for ElectionService {
     ) -> Result<Response<ObserveStream>, Status> {
         let (meta, _, req) = req.into_parts();
         let name = req.name;
-        self.ctx.authorize(&meta, &super::auth::contender_needs(&name, false)).await?;
+        // Judged after a read barrier (the stream's own first read takes another: one extra
+        // round when the stream opens).
+        self.ctx.authorize_read(&meta, true, &super::auth::contender_needs(&name, false)).await?;
         // Small buffer: an observer only needs the latest leader; a slow reader holds back only
         // its own observe task.
         let (tx, rx) = mpsc::channel(16);

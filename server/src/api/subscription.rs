@@ -218,10 +218,13 @@ impl Subscriptions for SubscriptionsService {
         req: Request<GetGroupRequest>,
     ) -> Result<Response<GetGroupResponse>, Status> {
         let needs = [Need::Read(KeyRange::new(&sub::group_key(&req.get_ref().name), &[]))];
-        self.ctx.authorize(req.metadata(), &needs).await?;
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
         check_name(&req.name)?;
-        let (kv, header) = self.read(&req.name).await?;
+        // Read first (its read barrier brings the auth store up to the request), then judge
+        // (issue 19): one ReadIndex round, and a refused caller learns nothing.
+        let read = self.read(&req.name).await;
+        self.ctx.authorize(&meta, &needs).await?;
+        let (kv, header) = read?;
         let kv = kv.ok_or_else(|| not_found(&req.name))?;
         let group = self.state_of(&kv, header.revision)?;
         Ok(Response::new(GetGroupResponse { header: Some(header), group: Some(group) }))
@@ -233,13 +236,15 @@ impl Subscriptions for SubscriptionsService {
         req: Request<ListGroupsRequest>,
     ) -> Result<Response<ListGroupsResponse>, Status> {
         let needs = [Need::Read(KeyRange::new(GROUP_PREFIX, GROUP_PREFIX_END))];
-        self.ctx.authorize(req.metadata(), &needs).await?;
-        let req = RangeRequest {
+        let range = RangeRequest {
             key: GROUP_PREFIX.to_vec(),
             range_end: GROUP_PREFIX_END.to_vec(),
             ..Default::default()
         };
-        let resp = super::kv::range(&self.ctx, req).await?;
+        // Read, then judge, as GetGroup does.
+        let read = super::kv::range(&self.ctx, range).await;
+        self.ctx.authorize(req.metadata(), &needs).await?;
+        let resp = read?;
         let header = resp.header.unwrap_or_default();
         let compacted = self.compact_revision()?;
         // Records that do not decode are skipped here, as the compaction guard skips them.

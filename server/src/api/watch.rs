@@ -96,6 +96,20 @@ async fn serve_stream(
         watchers.retain(|_, w| !w.task.is_finished());
         match msg.request_union {
             Some(RequestUnion::CreateRequest(create)) => {
+                // READ on the whole watched range (auth enabled), judged after a read barrier so
+                // that "auth is off" or "the role may read this" is never decided from a store
+                // older than the request (issue 19: a member that has not applied an acknowledged
+                // AuthEnable would stream events to an anonymous client). It costs one ReadIndex
+                // round per created watch, and a member that cannot reach the leader refuses to
+                // create watches (as it refuses linearizable reads). Refused as etcd refuses: a
+                // created-and-canceled response whose reason is the error.
+                let needs = [crate::auth::Need::Read(crate::auth::KeyRange::new(
+                    &create.key,
+                    &create.range_end,
+                ))];
+                let judged = ctx.authorize_read(&meta, true, &needs).await;
+                // After the barrier, so "from now" starts at a revision at least as new as the
+                // request.
                 let revision = ctx.sm.revision();
                 let id = if create.watch_id != 0 {
                     create.watch_id
@@ -123,13 +137,7 @@ async fn serve_stream(
                 if create.watch_id == 0 {
                     next_id += 1;
                 }
-                // READ on the whole watched range (auth enabled), refused as etcd does: a
-                // created-and-canceled response whose reason is the error.
-                let needs = [crate::auth::Need::Read(crate::auth::KeyRange::new(
-                    &create.key,
-                    &create.range_end,
-                ))];
-                if let Err(denied) = ctx.authorize(&meta, &needs).await {
+                if let Err(denied) = judged {
                     let resp = WatchResponse {
                         header: Some(ctx.header(revision)),
                         watch_id: id,
