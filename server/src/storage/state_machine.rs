@@ -244,6 +244,15 @@ fn lease_error(e: crate::lease::LeaseError) -> CmdResult {
     })
 }
 
+/// A write refused because it would store a malformed subscription group record: a command
+/// result, the same on every member.
+fn group_error(e: &crate::subscription::GroupError) -> CmdResult {
+    CmdResult::Error(CommandError {
+        code: tonic::Code::InvalidArgument as u32,
+        message: e.to_string(),
+    })
+}
+
 fn apply_command(
     batch: &mut ApplyBatch<'_, RocksEngine>,
     leases: &mut LeaseTable,
@@ -274,9 +283,17 @@ fn apply_command(
             Cmd::LeaseRevoke(picket_proto::etcdserverpb::LeaseRevokeRequest { id: e.id }),
             entry_term,
         ),
-        Cmd::Put(req) => outcome(batch.put(&req, leases), CmdResult::Put),
+        // A put under the subscription group prefix must store a well-formed record
+        // (`crate::subscription::check_put`).
+        Cmd::Put(req) => match crate::subscription::check_put(&req) {
+            Ok(()) => outcome(batch.put(&req, leases), CmdResult::Put),
+            Err(e) => Ok(group_error(&e)),
+        },
         Cmd::DeleteRange(req) => outcome(batch.delete_range(&req), CmdResult::DeleteRange),
-        Cmd::Txn(req) => outcome(batch.txn(&req, leases), CmdResult::Txn),
+        Cmd::Txn(req) => match crate::subscription::check_txn(&req) {
+            Ok(()) => outcome(batch.txn(&req, leases), CmdResult::Txn),
+            Err(e) => Ok(group_error(&e)),
+        },
         // Subscription groups may clamp a compaction (see `crate::subscription::guard`).
         Cmd::Compaction(req) => {
             outcome(crate::subscription::guard::compact(batch, &req), CmdResult::Compaction)
@@ -330,7 +347,10 @@ fn apply_command(
             };
             match owner {
                 Some(kv) if kv.create_revision == f.token => {
-                    outcome(batch.txn(&txn, leases), CmdResult::Txn)
+                    match crate::subscription::check_txn(&txn) {
+                        Ok(()) => outcome(batch.txn(&txn, leases), CmdResult::Txn),
+                        Err(e) => Ok(group_error(&e)),
+                    }
                 }
                 other => {
                     let status = crate::api::status::stale_token(

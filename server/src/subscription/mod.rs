@@ -17,6 +17,8 @@
 
 pub mod guard;
 
+use picket_proto::etcdserverpb::request_op::Request as Op;
+use picket_proto::etcdserverpb::{PutRequest, TxnRequest};
 use picket_proto::mvccpb::KeyValue;
 use picket_proto::picket::v1::{GroupState, SubscriptionGroup};
 use prost::Message;
@@ -103,6 +105,12 @@ pub enum GroupError {
     /// The range overlaps the group records themselves.
     #[error("picket: a group's range may not overlap the reserved prefix picket/sub/ (where group positions are stored)")]
     Reserved,
+    /// A Put (or a Txn's put) would store, under the group prefix, a value that is not a group
+    /// record CreateGroup could have written.
+    #[error(
+        "picket: invalid subscription group record for key {key:?}: {reason}; keys under picket/sub/ hold group records, create groups with the Subscriptions service's CreateGroup"
+    )]
+    BadRecord { key: String, reason: String },
 }
 
 /// Checks a group name.
@@ -132,6 +140,60 @@ pub fn validate_range(key: &[u8], range_end: &[u8]) -> Result<(), GroupError> {
     };
     if overlaps {
         return Err(GroupError::Reserved);
+    }
+    Ok(())
+}
+
+/// Checks what a plain Put would store under the group prefix (issue 19, Medium #11): only a
+/// record CreateGroup could have written goes in. A hand-written record with no lag bound
+/// (`max_lag_revisions <= 0`) would hold compaction back forever, and one that does not decode
+/// would be silently ignored by the guard and by ListGroups. Keys outside the prefix, and a put
+/// that keeps the stored value (`ignore_value`), are not judged.
+///
+/// Validated rather than reserving the prefix for CreateGroup: a group record is an ordinary
+/// key (see `subscription.proto`), so a mirror (`etcdctl make-mirror`) or a restore that copies
+/// keys with Put keeps working, and a malformed write gets an error that says what is wrong
+/// instead of a permission error on a key the user may otherwise write. Runs in apply, on
+/// replicated data only, so every member refuses the same commands. Records already stored by
+/// an earlier version are left as they are (the guard still reads them); delete such a record
+/// to release its hold.
+pub fn check_put(req: &PutRequest) -> Result<(), GroupError> {
+    if req.ignore_value {
+        return Ok(());
+    }
+    let Some(name) = req.key.strip_prefix(GROUP_PREFIX) else {
+        return Ok(());
+    };
+    let bad = |reason: String| GroupError::BadRecord {
+        key: String::from_utf8_lossy(&req.key).into_owned(),
+        reason,
+    };
+    let name = std::str::from_utf8(name).map_err(|_| bad("the group name is not UTF-8".into()))?;
+    validate_name(name).map_err(|e| bad(e.to_string()))?;
+    let rec = SubscriptionGroup::decode(req.value.as_slice())
+        .map_err(|e| bad(format!("the value is not a SubscriptionGroup ({e})")))?;
+    validate_range(&rec.key, &rec.range_end).map_err(|e| bad(e.to_string()))?;
+    if rec.committed < 0 {
+        return Err(bad(format!("committed {} is negative", rec.committed)));
+    }
+    if rec.max_lag_revisions <= 0 {
+        return Err(bad(format!(
+            "max_lag_revisions {} must be positive (a group without a lag bound would hold compaction back forever)",
+            rec.max_lag_revisions
+        )));
+    }
+    Ok(())
+}
+
+/// [`check_put`] for every put of a txn, in both branches and in nested txns: the txn is
+/// refused as a whole, whichever branch would run, as etcd refuses a txn with an invalid op.
+pub fn check_txn(req: &TxnRequest) -> Result<(), GroupError> {
+    for op in req.success.iter().chain(&req.failure) {
+        match &op.request {
+            Some(Op::RequestPut(p)) => check_put(p)?,
+            Some(Op::RequestTxn(t)) => check_txn(t)?,
+            _ => {}
+        }
     }
     Ok(())
 }
@@ -190,3 +252,7 @@ mod tests {
         assert_eq!((s.lag, s.lost_history, s.holding), (30, false, true));
     }
 }
+
+#[cfg(test)]
+#[path = "record_tests.rs"]
+mod record_tests;
