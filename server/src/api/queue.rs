@@ -276,13 +276,15 @@ impl Queue for QueueService {
         &self,
         req: Request<QueueInspectRequest>,
     ) -> Result<Response<QueueInspectResponse>, Status> {
-        let backend = self.backend(req.metadata(), &req.get_ref().queue, false).await?;
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
         check(queue::validate_queue(&req.queue))?;
         check_list_limit(req.limit)?;
-        let out = ops::inspect(&backend, &req.queue, req.limit as usize, now_ms())
-            .await
-            .map_err(|e| queue_status(&e))?;
+        // Read first (its read barrier brings this member's auth store up to the request), then
+        // judge, then answer (issue 19): a refused caller learns nothing of the read.
+        let reader = CtxBackend::new(self.ctx.clone(), &meta, None);
+        let read = ops::inspect(&reader, &req.queue, req.limit as usize, now_ms()).await;
+        self.backend(&meta, &req.queue, false).await?;
+        let out = read.map_err(|e| queue_status(&e))?;
         Ok(Response::new(QueueInspectResponse {
             header: self.header(out.revision),
             ready: out.ready,
@@ -298,14 +300,15 @@ impl Queue for QueueService {
         &self,
         req: Request<DeadLettersRequest>,
     ) -> Result<Response<DeadLettersResponse>, Status> {
-        let backend = self.backend(req.metadata(), &req.get_ref().queue, false).await?;
-        let req = req.into_inner();
+        let (meta, _, req) = req.into_parts();
         check(queue::validate_queue(&req.queue))?;
         check_list_limit(req.limit)?;
         let limit = if req.limit == 0 { DEFAULT_DEAD_LIST } else { req.limit };
-        let (dead, count, rev) = ops::dead_letters(&backend, &req.queue, limit as usize)
-            .await
-            .map_err(|e| queue_status(&e))?;
+        // Read, then judge, as Inspect does.
+        let reader = CtxBackend::new(self.ctx.clone(), &meta, None);
+        let read = ops::dead_letters(&reader, &req.queue, limit as usize).await;
+        self.backend(&meta, &req.queue, false).await?;
+        let (dead, count, rev) = read.map_err(|e| queue_status(&e))?;
         let jobs = dead
             .into_iter()
             .map(|d| QueueDeadLetter { job: Some(d.info), payload: d.payload, reason: d.reason })
