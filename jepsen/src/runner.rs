@@ -440,9 +440,6 @@ async fn agreement(cluster: &ProcessCluster) -> Agreement {
     let deadline = Instant::now() + AGREEMENT_TIMEOUT;
     let max_attempts = AGREEMENT_TIMEOUT.as_millis() / AGREEMENT_POLL.as_millis() + 1;
     let mut last: Vec<(String, Result<NodeView, String>)> = Vec::new();
-    let disagree = |answers: &[&NodeView]| {
-        answers.windows(2).any(|w| w[0].revision != w[1].revision || w[0].hash != w[1].hash)
-    };
     for _ in 0..max_attempts {
         last.clear();
         for i in 0..cluster.len() {
@@ -461,12 +458,14 @@ async fn agreement(cluster: &ProcessCluster) -> Agreement {
     judge_agreement(&last)
 }
 
+/// Whether any two answering nodes report a different (revision, KV hash).
+fn disagree(answers: &[&NodeView]) -> bool {
+    answers.windows(2).any(|w| w[0].revision != w[1].revision || w[0].hash != w[1].hash)
+}
+
 /// The verdict on the nodes' last answers: disagreeing (revision, KV hash) pairs are an anomaly;
 /// nodes that did not answer are noted.
 fn judge_agreement(last: &[(String, Result<NodeView, String>)]) -> Agreement {
-    let disagree = |answers: &[&NodeView]| {
-        answers.windows(2).any(|w| w[0].revision != w[1].revision || w[0].hash != w[1].hash)
-    };
     let view: serde_json::Map<String, Value> = last
         .iter()
         .map(|(n, r)| {

@@ -5,43 +5,16 @@
 //! write must still carry the auth revision it was judged at, so that apply, which runs after
 //! the AuthEnable entry, can refuse it as etcd does (`ErrAuthOldRevision`).
 
-use openraft::storage::RaftStateMachine;
-use openraft::{CommittedLeaderId, EntryPayload, LogId};
 use picket_proto::etcdserverpb::{AuthUserAddRequest, AuthUserGrantRoleRequest, PutRequest};
 use picket_proto::picket::raft::v1::auth_command::Op;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
-use picket_proto::picket::raft::v1::{AuthCommand, AuthEnable, RaftCommand};
+use picket_proto::picket::raft::v1::{AuthCommand, AuthEnable};
 
 use super::*;
-use crate::raft::types::{Command, Entry};
-use crate::storage::rocks::RocksEngine;
-use crate::storage::state_machine::StateMachine;
-
-struct Member {
-    _dir: tempfile::TempDir,
-    sm: StateMachine,
-    index: u64,
-}
+use crate::storage::test_member::Member;
 
 impl Member {
-    fn new() -> Self {
-        let dir = tempfile::TempDir::new().expect("temp dir");
-        let engine = RocksEngine::open(dir.path().join("db")).expect("open rocksdb");
-        let sm = StateMachine::open(engine, dir.path().join("snapshots")).expect("open sm");
-        Self { _dir: dir, sm, index: 0 }
-    }
-
-    async fn apply(&mut self, cmd: Cmd) -> CmdResult {
-        self.index += 1;
-        let entry = Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), self.index),
-            payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd) })),
-        };
-        let mut out = self.sm.apply([entry]).await.expect("apply");
-        out.pop().and_then(|a| a.0.result).expect("one result")
-    }
-
     async fn auth(&mut self, op: Op) {
         let r = self.apply(Cmd::Auth(AuthCommand { op: Some(op) })).await;
         assert!(matches!(r, CmdResult::Auth(_)), "{r:?}");

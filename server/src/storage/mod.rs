@@ -22,4 +22,6 @@ pub mod log_store;
 pub mod snapshot;
 pub mod snapshot_file;
 pub mod state_machine;
+#[cfg(test)]
+pub(crate) mod test_member;
 pub mod wal_tail;

@@ -7,47 +7,19 @@
 //! written, with one deterministic error; a well-formed record (what `etcdctl make-mirror` or a
 //! restore by replaying keys writes) still goes in.
 
-use openraft::storage::RaftStateMachine;
-use openraft::{CommittedLeaderId, EntryPayload, LogId};
 use picket_proto::etcdserverpb::request_op::Request as Op;
 use picket_proto::etcdserverpb::{
     CompactionRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
 };
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
-use picket_proto::picket::raft::v1::RaftCommand;
 use picket_proto::picket::v1::SubscriptionGroup;
 use prost::Message;
 
 use super::group_key;
-use crate::raft::types::{Command, Entry};
-use crate::storage::rocks::RocksEngine;
-use crate::storage::state_machine::StateMachine;
-
-struct Member {
-    _dir: tempfile::TempDir,
-    sm: StateMachine,
-    index: u64,
-}
+use crate::storage::test_member::Member;
 
 impl Member {
-    fn new() -> Self {
-        let dir = tempfile::TempDir::new().expect("temp dir");
-        let engine = RocksEngine::open(dir.path().join("db")).expect("open rocksdb");
-        let sm = StateMachine::open(engine, dir.path().join("snapshots")).expect("open sm");
-        Self { _dir: dir, sm, index: 0 }
-    }
-
-    async fn apply(&mut self, cmd: Cmd) -> CmdResult {
-        self.index += 1;
-        let entry = Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), self.index),
-            payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd) })),
-        };
-        let mut out = self.sm.apply([entry]).await.expect("apply");
-        out.pop().and_then(|a| a.0.result).expect("one result")
-    }
-
     fn exists(&self, key: &[u8]) -> bool {
         let req = RangeRequest { key: key.to_vec(), ..Default::default() };
         !self.sm.shared().reader().range(&req).expect("read").kvs.is_empty()

@@ -1,0 +1,39 @@
+//! Test-only: one member's state machine on a temporary RocksDB, applying commands as
+//! consecutive log entries, without openraft. Used by apply-tier tests in several modules
+//! (`api/auth_tests.rs`, `subscription/record_tests.rs`), which add their own helpers to it.
+
+use openraft::storage::RaftStateMachine;
+use openraft::{CommittedLeaderId, EntryPayload, LogId};
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
+use picket_proto::picket::raft::v1::RaftCommand;
+
+use crate::raft::types::{Command, Entry};
+use crate::storage::rocks::RocksEngine;
+use crate::storage::state_machine::StateMachine;
+
+pub(crate) struct Member {
+    _dir: tempfile::TempDir,
+    pub(crate) sm: StateMachine,
+    index: u64,
+}
+
+impl Member {
+    pub(crate) fn new() -> Self {
+        let dir = tempfile::TempDir::new().expect("temp dir");
+        let engine = RocksEngine::open(dir.path().join("db")).expect("open rocksdb");
+        let sm = StateMachine::open(engine, dir.path().join("snapshots")).expect("open sm");
+        Self { _dir: dir, sm, index: 0 }
+    }
+
+    /// Applies `cmd` as the next log entry (term 1) and returns its result.
+    pub(crate) async fn apply(&mut self, cmd: Cmd) -> CmdResult {
+        self.index += 1;
+        let entry = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), self.index),
+            payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd) })),
+        };
+        let mut out = self.sm.apply([entry]).await.expect("apply");
+        out.pop().and_then(|a| a.0.result).expect("one result")
+    }
+}
