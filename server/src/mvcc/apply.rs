@@ -14,7 +14,7 @@ use picket_proto::mvccpb::Event;
 use picket_proto::picket::storage::v1::RevisionEvents;
 use prost::Message;
 
-use super::compact::compaction_deletes;
+use super::compact::{self, DELETES_PER_STEP};
 use super::error::MvccError;
 use super::keys;
 use super::overlay::{Layered, Overlay};
@@ -30,13 +30,23 @@ pub struct ApplyBatch<'s, E: Engine> {
     overlay: Overlay,
     revision: i64,
     compacted: i64,
+    /// The physical compaction point including the steps run so far in this batch.
+    physical: i64,
     events: Vec<(i64, Vec<Event>)>,
 }
 
 impl<'s, E: Engine> ApplyBatch<'s, E> {
     pub(crate) fn new(store: &'s mut MvccStore<E>) -> Self {
         let (revision, compacted) = (store.revision(), store.compact_revision());
-        Self { store, overlay: Overlay::default(), revision, compacted, events: Vec::new() }
+        let physical = store.compact_physical();
+        Self {
+            store,
+            overlay: Overlay::default(),
+            revision,
+            compacted,
+            physical,
+            events: Vec::new(),
+        }
     }
 
     /// The store revision including the requests applied so far in this batch.
@@ -60,6 +70,9 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
         &mut self,
         f: impl FnOnce(&mut Request<'_>) -> Result<T, MvccError>,
     ) -> Result<T, MvccError> {
+        // One bounded step of a pending physical compaction rides on every request, so the
+        // steps follow the log and every member runs the same ones (see `compact`).
+        self.compact_step(DELETES_PER_STEP)?;
         let (out, mut layer, changes) = {
             let base = self.view();
             let mut req = Request::new(&base, self.revision, self.compacted);
@@ -110,8 +123,10 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
         read::range(&self.view(), req, self.revision, self.compacted)
     }
 
-    /// etcd Compact: records the new compaction point and drops, in this batch, the history no
-    /// revision at or after it can show. The response header has the current revision.
+    /// etcd Compact: records the new compaction point, from which on reads below it are
+    /// refused, and runs the first bounded step of dropping the history no revision at or
+    /// after it can show; later requests run the rest (see `compact`). The response header
+    /// has the current revision.
     pub fn compact(&mut self, req: &CompactionRequest) -> Result<CompactionResponse, MvccError> {
         let rev = req.revision;
         if rev <= self.compacted {
@@ -120,11 +135,29 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
         if rev > self.revision {
             return Err(MvccError::FutureRevision);
         }
-        let deletes = compaction_deletes(&self.view(), self.compacted, rev)?;
-        self.overlay.absorb(deletes);
         tracing::info!(revision = rev, previous = self.compacted, "compacted");
         self.compacted = rev;
+        self.compact_step(DELETES_PER_STEP)?;
         Ok(CompactionResponse { header: header(self.revision) })
+    }
+
+    /// Runs one step of physical compaction, buffering at most about `limit` deletes (see
+    /// `compact::step`), if any remains. Returns how many records it deletes. Changes nothing
+    /// any read at or above the compaction point sees.
+    pub(crate) fn compact_step(&mut self, limit: usize) -> Result<usize, MvccError> {
+        if self.physical >= self.compacted {
+            return Ok(0);
+        }
+        let step = compact::step(&self.view(), self.physical, self.compacted, limit)?;
+        self.overlay.absorb(step.deletes);
+        self.physical = step.reached;
+        Ok(step.count)
+    }
+
+    /// The physical compaction point including this batch's steps; equal to
+    /// [`ApplyBatch::compact_revision`] when no step remains.
+    pub fn compact_physical(&self) -> i64 {
+        self.physical
     }
 
     /// Deletes every key attached to `lease`, all in one new revision (none if there are no
@@ -167,11 +200,21 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
                 self.compacted.to_be_bytes().to_vec(),
             );
         }
+        if self.physical != self.store.compact_physical()
+            || self.compacted != self.store.compact_revision()
+        {
+            let key = keys::META_COMPACT_PHYSICAL.to_vec();
+            if self.physical == self.compacted {
+                self.overlay.delete(Cf::Meta, key);
+            } else {
+                self.overlay.put(Cf::Meta, key, self.physical.to_be_bytes().to_vec());
+            }
+        }
         let overlay = std::mem::take(&mut self.overlay);
         if !overlay.is_empty() {
             self.store.engine().write(overlay.into_write_batch(), sync)?;
         }
-        self.store.set_revisions(self.revision, self.compacted);
+        self.store.set_revisions(self.revision, self.compacted, self.physical);
         Ok(self.events)
     }
 }

@@ -149,6 +149,10 @@ pub fn lease_bounds(lease: i64) -> ([u8; 8], Option<[u8; 8]>) {
 pub const META_REVISION: &[u8] = b"mvcc/current_revision";
 /// `Cf::Meta` key of the compacted revision (8 bytes, big-endian i64).
 pub const META_COMPACT_REVISION: &[u8] = b"mvcc/compact_revision";
+/// `Cf::Meta` key of the physical compaction point (8 bytes, big-endian i64): how far the old
+/// records have actually been dropped (see `compact`). Absent when it equals the compaction
+/// point, which is always the case once compaction has caught up.
+pub const META_COMPACT_PHYSICAL: &[u8] = b"mvcc/compact_physical";
 
 #[cfg(test)]
 #[path = "keys_tests.rs"]

@@ -69,4 +69,6 @@ impl<F: Fn(i64) -> bool> LeaseLookup for F {
 }
 
 #[cfg(test)]
+mod compact_tests;
+#[cfg(test)]
 mod tests;

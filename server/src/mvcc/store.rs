@@ -10,6 +10,7 @@ use picket_proto::picket::storage::v1::RevisionEvents;
 use prost::Message;
 
 use super::apply::ApplyBatch;
+use super::compact::read_physical;
 use super::error::MvccError;
 use super::read::{self, read_revisions};
 use super::request::{lease_keys, Request};
@@ -22,6 +23,8 @@ pub struct MvccStore<E: Engine> {
     engine: E,
     revision: i64,
     compacted: i64,
+    /// How far old records were physically dropped; `<= compacted` (see `compact`).
+    physical: i64,
 }
 
 impl<E: Engine> std::fmt::Debug for MvccStore<E> {
@@ -29,6 +32,7 @@ impl<E: Engine> std::fmt::Debug for MvccStore<E> {
         f.debug_struct("MvccStore")
             .field("revision", &self.revision)
             .field("compact_revision", &self.compacted)
+            .field("compact_physical", &self.physical)
             .finish_non_exhaustive()
     }
 }
@@ -38,18 +42,21 @@ impl<E: Engine> MvccStore<E> {
     /// fresh store at revision 1 (etcd's first write gets revision 2).
     pub fn open(engine: E) -> Result<Self, MvccError> {
         let revs = read_revisions(&engine)?;
+        let physical = read_physical(&engine, revs.compacted)?;
         tracing::info!(
             revision = revs.current,
             compact_revision = revs.compacted,
+            compact_physical = physical,
             "mvcc store opened"
         );
-        Ok(Self { engine, revision: revs.current, compacted: revs.compacted })
+        Ok(Self { engine, revision: revs.current, compacted: revs.compacted, physical })
     }
 
     /// Re-reads the revision counters, after the engine's contents were replaced underneath
     /// (snapshot install).
     pub fn reload(&mut self) -> Result<(), MvccError> {
         let revs = read_revisions(&self.engine)?;
+        self.physical = read_physical(&self.engine, revs.compacted)?;
         self.revision = revs.current;
         self.compacted = revs.compacted;
         Ok(())
@@ -65,9 +72,16 @@ impl<E: Engine> MvccStore<E> {
         self.compacted
     }
 
-    pub(crate) fn set_revisions(&mut self, revision: i64, compacted: i64) {
+    /// How far old records were physically dropped: equal to [`MvccStore::compact_revision`]
+    /// once compaction has caught up, lower while bounded steps remain (see `compact`).
+    pub fn compact_physical(&self) -> i64 {
+        self.physical
+    }
+
+    pub(crate) fn set_revisions(&mut self, revision: i64, compacted: i64, physical: i64) {
         self.revision = revision;
         self.compacted = compacted;
+        self.physical = physical;
     }
 
     pub fn engine(&self) -> &E {
