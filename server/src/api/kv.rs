@@ -134,8 +134,21 @@ impl Kv for KvService {
         let (meta, _, req) = req.into_parts();
         // Compaction discards everyone's history: root only, as in etcd.
         let checked = self.ctx.authorize_admin(&meta).await?;
+        let (revision, physical) = (req.revision, req.physical);
         match self.ctx.propose(self.ctx.guard(checked, Cmd::Compaction(req))).await? {
             CmdResult::Compaction(mut r) => {
+                // `physical`: etcd answers once the compacted history is removed from its
+                // backend. Here that is the bounded steps reaching the point on this member;
+                // waiting is bounded by the request timeout like any request.
+                // A subscription group may have clamped the point below `revision`.
+                let point = revision.min(self.ctx.sm.with_store(|s| s.compact_revision()));
+                let bound = self.ctx.proposer.request_timeout();
+                if physical && !self.ctx.wait_physical_compaction(point, bound).await {
+                    return Err(Status::deadline_exceeded(format!(
+                        "etcdserver: request timed out, compaction at {point} is applied but \
+                         its history is still being removed"
+                    )));
+                }
                 self.ctx.stamp(&mut r.header);
                 Ok(Response::new(r))
             }

@@ -164,6 +164,18 @@ impl Maintenance for MaintenanceService {
         req: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
         self.ctx.authorize_admin(req.metadata()).await?;
+        // etcd's NOSPACE recovery is `compact` then `defrag`. Picket removes compacted history
+        // in bounded steps after the compact answered, so defrag first waits (bounded by the
+        // request timeout) for this member's steps to finish, or it would reclaim only part.
+        // Past the bound it defragments what has been removed so far.
+        let compacted = self.ctx.sm.with_store(|s| s.compact_revision());
+        let bound = self.ctx.proposer.request_timeout();
+        if !self.ctx.wait_physical_compaction(compacted, bound).await {
+            tracing::warn!(
+                compacted,
+                "defragmenting while compacted history is still being removed"
+            );
+        }
         let engine = self.engine();
         // A full manual compaction rewrites every SST file: blocking, possibly long work.
         tokio::task::spawn_blocking(move || {

@@ -6,6 +6,7 @@
 pub mod auth;
 pub mod authority;
 pub mod cluster;
+pub mod compact_steps;
 pub mod concurrency;
 pub mod kv;
 pub mod lease;
@@ -17,6 +18,7 @@ pub mod subscription;
 pub mod watch;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use picket_proto::etcdserverpb::ResponseHeader;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
@@ -83,6 +85,23 @@ impl Ctx {
             Some(CmdResult::Error(e)) => Err(status::command_error_status(&e)),
             Some(r) => Ok(r),
             None => Err(Status::internal("picket: empty command result")),
+        }
+    }
+
+    /// Waits, at most `bound`, until this member's store has physically removed the history
+    /// compacted up to `revision` (the leader's `compact_steps` driver and later writes run the
+    /// bounded steps). Returns whether it got there. Polls: the steps are many small applies,
+    /// and a 10 ms poll on a maintenance call costs nothing a client would notice.
+    pub async fn wait_physical_compaction(&self, revision: i64, bound: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + bound;
+        loop {
+            if self.sm.with_store(|s| s.compact_physical()) >= revision {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 

@@ -81,6 +81,7 @@ pub struct Metrics {
     db_in_use_size: IntGauge,
     current_revision: IntGauge,
     compact_revision: IntGauge,
+    compact_physical: IntGauge,
 
     quota_backend_bytes: IntGauge,
     max_request_bytes: IntGauge,
@@ -222,6 +223,11 @@ impl Metrics {
                 "mvcc_compact_revision",
                 "Revision up to which the store was compacted.",
             )?,
+            compact_physical: gauge(
+                "mvcc_compact_physical_revision",
+                "Revision up to which compacted history has been removed from disk; below \
+                 picket_mvcc_compact_revision while the leader's bounded compaction steps run.",
+            )?,
             quota_backend_bytes: gauge(
                 "server_quota_backend_bytes",
                 "The backend quota in effect (--quota-backend-bytes; 0 means 2 GiB).",
@@ -337,9 +343,11 @@ impl Metrics {
         self.db_total_size.set(total);
         self.db_in_use_size.set(in_use);
         self.lease_active.set(i64::try_from(sm.with_leases(|l| l.len())).unwrap_or(i64::MAX));
-        let (rev, compact) = sm.with_store(|s| (s.revision(), s.compact_revision()));
+        let (rev, compact, physical) =
+            sm.with_store(|s| (s.revision(), s.compact_revision(), s.compact_physical()));
         self.current_revision.set(rev);
         self.compact_revision.set(compact);
+        self.compact_physical.set(physical);
     }
 
     /// Every family in Prometheus's text exposition format.

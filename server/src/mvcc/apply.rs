@@ -154,6 +154,13 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
         Ok(step.count)
     }
 
+    /// A `CompactStep` command: one step of the standard size, proposed by the leader while
+    /// physical compaction lags and no client write drives it (see `compact`). A no-op when
+    /// nothing is pending.
+    pub fn run_compact_step(&mut self) -> Result<usize, MvccError> {
+        self.compact_step(DELETES_PER_STEP)
+    }
+
     /// The physical compaction point including this batch's steps; equal to
     /// [`ApplyBatch::compact_revision`] when no step remains.
     pub fn compact_physical(&self) -> i64 {

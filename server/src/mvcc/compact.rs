@@ -17,7 +17,9 @@
 //! memory under the state-machine lock, on every member at once: compacting a million revisions
 //! stalled apply and held all those deletes in memory (issue 19). Now the physical work runs in
 //! [`step`]s of at most about [`DELETES_PER_STEP`] deletes. The compact request runs one step,
-//! and every later request applied through the MVCC store runs one more while work remains, so
+//! every later request applied through the MVCC store runs one more while work remains, and
+//! while no write comes the leader proposes `CompactStep` commands that run one each
+//! (`crate::api::compact_steps`; a `physical` Compact and a defrag wait for the steps), so
 //! the steps are tied to log entries and every member's store is the same after the same entry
 //! (`Maintenance.Hash` stays comparable). The physical point `P` (`mvcc/compact_physical`,
 //! absent when it equals the compaction point) records how far the steps have come: the

@@ -251,3 +251,34 @@ fn a_small_compaction_ends_in_its_own_step() {
         assert_eq!(contents(&bounded), contents(&reference));
     }
 }
+
+/// Records in the column families compaction deletes from.
+fn history_records(s: &MvccStore<MemEngine>) -> usize {
+    let view = s.engine().view();
+    [Cf::Kv, Cf::Changelog].into_iter().map(|cf| view.scan(cf, b"", None).count()).sum()
+}
+
+/// The failing-first test of issue 19 Medium 8 (uses only APIs the old code had): one Compact
+/// request, applied in one step under the state-machine lock on every member, must not delete
+/// the whole compacted history at once. Seen failing on 5c13469: "one apply step removed 3996
+/// records (bound 257)".
+#[test]
+fn one_compact_request_removes_a_bounded_number_of_records() {
+    let mut s = MvccStore::open(MemEngine::new()).unwrap();
+    for i in 0..2_000u64 {
+        let mut b = s.begin_apply();
+        let req = PutRequest { key: key(i % 3), value: vec![b'x'], ..Default::default() };
+        b.put(&req, &no_leases).unwrap();
+        b.commit(false).unwrap();
+    }
+    let (before, head) = (history_records(&s), s.revision());
+    let mut b = s.begin_apply();
+    b.compact(&CompactionRequest { revision: head, physical: false }).unwrap();
+    b.commit(false).unwrap();
+    let removed = before - history_records(&s);
+    assert!(
+        removed <= DELETES_PER_STEP + 1,
+        "one apply step removed {removed} records (bound {})",
+        DELETES_PER_STEP + 1
+    );
+}

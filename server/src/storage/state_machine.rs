@@ -322,6 +322,8 @@ fn apply_command(
             Err(e) => Ok(lease_error(e)),
         },
         Cmd::LeaseCheckpoint(_) => Ok(CmdResult::Empty(Empty {})),
+        // The leader's physical-compaction driver (`crate::api::compact_steps`).
+        Cmd::CompactStep(_) => outcome(batch.run_compact_step(), |_| CmdResult::Empty(Empty {})),
         // Authentication and RBAC (`crate::auth`): store mutations, and commands whose
         // permissions were checked at an auth revision that apply re-validates.
         Cmd::Auth(c) => outcome(crate::auth::replicated::apply(batch, c), |r| r),
