@@ -7,7 +7,7 @@
 //! only entries after the `last_applied` we report, and we report what is on disk.
 
 use std::io::Cursor;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use openraft::storage::RaftStateMachine;
@@ -71,6 +71,10 @@ pub struct Shared {
     engine: RocksEngine,
     reader: MvccReader<RocksEngine>,
     inner: RwLock<Inner>,
+    /// The store revision as of the last apply or snapshot install, readable without the lock:
+    /// every response header needs it, and a header must never wait for an apply or an install
+    /// (issue 19, Medium 9).
+    revision: AtomicI64,
     snapshots: SnapshotFiles,
     snapshot_seq: AtomicU64,
     events: broadcast::Sender<FeedItem>,
@@ -143,6 +147,7 @@ impl StateMachine {
     ) -> Result<Self, StorageError> {
         let inner = Inner::load(&engine)?;
         let reader = inner.store.reader();
+        let revision = AtomicI64::new(inner.store.revision());
         let snapshots = SnapshotFiles::new(snapshot_dir.into()).map_err(snap_err)?;
         // Watchers that fall this far behind are cut off and must resume from history; the bound
         // keeps a stuck watcher from holding unbounded memory.
@@ -153,6 +158,7 @@ impl StateMachine {
                 engine,
                 reader,
                 inner: RwLock::new(inner),
+                revision,
                 snapshots,
                 snapshot_seq: AtomicU64::new(0),
                 events,
@@ -184,8 +190,9 @@ impl Shared {
         f(&self.inner.read().leases)
     }
 
+    /// The store revision as of the last apply or install; never waits for either.
     pub fn revision(&self) -> i64 {
-        self.inner.read().store.revision()
+        self.revision.load(Ordering::Acquire)
     }
 
     pub fn last_applied(&self) -> Option<LogId> {
@@ -460,6 +467,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             None => batch.commit(false),
         }
         .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+        self.shared.revision.store(store.revision(), Ordering::Release);
         drop(guard);
         // Before the results reach clients: a client whose auth change succeeded is checked
         // against it next.
@@ -493,25 +501,45 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             bytes = blob.len(),
             "installing snapshot"
         );
-        let mut guard = self.shared.inner.write();
-        snapshot::install(self.shared.engine.db(), &blob).map_err(snap_err)?;
-        *guard = Inner::load(&self.shared.engine)?;
-        self.shared.auth.reload(&self.shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
-        if guard.last_applied != meta.last_log_id {
-            return Err(snap_err(format!(
-                "snapshot data is at {:?} but its metadata says {:?}",
-                guard.last_applied, meta.last_log_id
-            )));
+        // Rewriting the store and reloading its lease table are long synchronous work (seconds
+        // for a large store): run them off the runtime's worker threads, and without the
+        // state-machine lock, so heartbeats, reads and response headers keep being served
+        // meanwhile (issue 19, Medium 9). Until the swap below, lock holders see the old state
+        // whole; lock-free readers take a RocksDB view, which shows the atomic rewrite either
+        // entirely or not at all. Nothing else writes the store meanwhile: openraft calls
+        // apply and install one at a time on this state machine.
+        let shared = self.shared.clone();
+        let meta_owned = meta.clone();
+        let inner = tokio::task::spawn_blocking(move || -> Result<Inner, StorageError> {
+            snapshot::install(shared.engine.db(), &blob).map_err(snap_err)?;
+            #[cfg(test)]
+            tests::pause_in_install();
+            let inner = Inner::load(&shared.engine)?;
+            if inner.last_applied != meta_owned.last_log_id {
+                return Err(snap_err(format!(
+                    "snapshot data is at {:?} but its metadata says {:?}",
+                    inner.last_applied, meta_owned.last_log_id
+                )));
+            }
+            shared.auth.reload(&shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+            // The snapshot file is written and fsynced here too, off the runtime.
+            shared.snapshots.save(&meta_owned, &blob).map_err(snap_err)?;
+            Ok(inner)
+        })
+        .await
+        .map_err(snap_err)??;
+        let revision = inner.store.revision();
+        {
+            let mut guard = self.shared.inner.write();
+            *guard = inner;
+            self.shared.revision.store(revision, Ordering::Release);
         }
-        let revision = guard.store.revision();
-        drop(guard);
         // The entries the snapshot covers were never applied here, so no events went out for
         // them: tell every waiter on the feed to re-read (issue 19). Published after the new
         // state is readable, as revision events are, and before openraft applies anything after
         // the snapshot, so the feed stays in apply order. No receivers is fine.
         let _ = self.shared.events.send(FeedItem::SnapshotInstalled { revision });
         tracing::info!(revision, "snapshot installed; feed subscribers told to re-read");
-        self.shared.snapshots.save(meta, &blob).map_err(snap_err)?;
         Ok(())
     }
 
@@ -551,7 +579,14 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             None => format!("--{seq}"),
         };
         let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
-        self.shared.snapshots.save(&meta, &blob).map_err(snap_err)?;
+        // Written and fsynced off the runtime's worker threads, like the build itself.
+        let (shared, meta_owned) = (self.shared.clone(), meta.clone());
+        let blob = tokio::task::spawn_blocking(move || {
+            shared.snapshots.save(&meta_owned, &blob).map(|()| blob)
+        })
+        .await
+        .map_err(snap_err)?
+        .map_err(snap_err)?;
         tracing::info!(
             log_index = last_log_id.map(|l| l.index),
             bytes = blob.len(),
@@ -560,3 +595,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(blob)) })
     }
 }
+
+#[cfg(test)]
+#[path = "state_machine_tests.rs"]
+mod tests;

@@ -1,0 +1,83 @@
+//! Snapshot install must block neither the async runtime nor response headers (issue 19,
+//! Medium 9): it used to rewrite the store synchronously on a runtime worker thread while
+//! holding the state-machine write lock, which every response header's revision needed.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
+use parking_lot::Mutex;
+use picket_proto::etcdserverpb::PutRequest;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
+
+use crate::storage::test_member::Member;
+
+/// How long the test waits for the runtime to run its probe while an install is in progress.
+/// The probe needs microseconds; a blocked runtime never runs it.
+const WATCHDOG: Duration = Duration::from_secs(60);
+
+/// What an install in progress does at its pause point: tell the test it is there, then wait
+/// until the test lets it go on.
+struct Pause {
+    entered: tokio::sync::oneshot::Sender<()>,
+    release: mpsc::Receiver<()>,
+}
+
+static PAUSE: Mutex<Option<Pause>> = Mutex::new(None);
+
+/// Called by `install_snapshot` after it rewrote the store and before it swaps the new state
+/// in. Each nextest test runs in its own process, so the static is this test's alone.
+pub(super) fn pause_in_install() {
+    let Some(p) = PAUSE.lock().take() else { return };
+    let _ = p.entered.send(());
+    // Bounded: the test releases it at once or has already failed.
+    let _ = p.release.recv_timeout(WATCHDOG);
+}
+
+fn put(key: &str) -> Cmd {
+    Cmd::Put(PutRequest { key: key.into(), value: b"v".to_vec(), ..Default::default() })
+}
+
+/// Seen failing on 5c13469 with `pause_in_install()` placed after its `snapshot::install` call
+/// (under the write lock, on the runtime thread): the probe never ran and the watchdog fired.
+#[test]
+fn snapshot_install_blocks_neither_the_runtime_nor_response_headers() {
+    let (done_tx, done_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        // One runtime thread, as a worker of a busy member would be: a synchronous install on it
+        // would starve every other task.
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let mut source = Member::new();
+            for i in 0..10 {
+                source.apply(put(&format!("k{i}"))).await;
+            }
+            let want = source.sm.shared().revision();
+            let snap = source.sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+            let target = Member::new();
+            let before = target.sm.shared().revision();
+
+            let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+            let (release_tx, release_rx) = mpsc::channel();
+            *PAUSE.lock() = Some(Pause { entered: entered_tx, release: release_rx });
+            let mut sm = target.sm.clone();
+            let install =
+                tokio::spawn(async move { sm.install_snapshot(&snap.meta, snap.snapshot).await });
+
+            entered_rx.await.expect("the install reached its pause point");
+            // The probe: this task runs while the install is in progress, and a header's
+            // revision is served (the old one) without waiting for the install.
+            let during = target.sm.shared().revision();
+            release_tx.send(()).unwrap();
+            install.await.unwrap().expect("install");
+            let after = target.sm.shared().revision();
+            done_tx.send((before, during, after, want)).unwrap();
+        });
+    });
+    let (before, during, after, want) = done_rx
+        .recv_timeout(WATCHDOG)
+        .expect("the runtime did not run the probe while a snapshot install was in progress");
+    assert_eq!(during, before, "before the swap, headers show the old state");
+    assert_eq!(after, want, "after the install, the snapshot's revision");
+    assert_ne!(want, before);
+}
