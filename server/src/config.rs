@@ -133,6 +133,22 @@ pub struct Config {
     #[arg(long = "watch-progress-notify-interval", env = "PICKET_WATCH_PROGRESS_NOTIFY_INTERVAL", default_value = "10m", value_parser = parse_duration)]
     pub watch_progress_notify_interval: Duration,
 
+    /// Watchers one watch stream may hold at once. A create beyond it is answered created and
+    /// canceled with a reason, as etcd answers a refused create. Bounds one client's memory on
+    /// this member (issue 19); etcd has no such limit.
+    #[arg(
+        long = "max-watchers-per-stream",
+        env = "PICKET_MAX_WATCHERS_PER_STREAM",
+        default_value_t = 10_000
+    )]
+    pub max_watchers_per_stream: usize,
+
+    /// Watch streams this member serves at once; a stream beyond it is refused with
+    /// RESOURCE_EXHAUSTED. Each stream buffers at most 4 MiB of responses its client has not
+    /// read yet, so this bounds the memory watches can hold.
+    #[arg(long = "max-watch-streams", env = "PICKET_MAX_WATCH_STREAMS", default_value_t = 2_048)]
+    pub max_watch_streams: usize,
+
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax (e.g. `info`, `picket_server=debug`).
     #[arg(long = "log-level", env = "PICKET_LOG_LEVEL", default_value = "info,openraft=warn")]
     pub log_level: String,
@@ -416,6 +432,12 @@ impl Config {
         }
         if self.max_txn_ops == 0 {
             return Err(ConfigError::Zero("max-txn-ops"));
+        }
+        if self.max_watchers_per_stream == 0 {
+            return Err(ConfigError::Zero("max-watchers-per-stream"));
+        }
+        if self.max_watch_streams == 0 {
+            return Err(ConfigError::Zero("max-watch-streams"));
         }
         crate::tls::validate(self)?;
         if self.sub_max_lag_revisions <= 0 {

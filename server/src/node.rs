@@ -299,10 +299,16 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         let lease = LeaseServer::new(LeaseService::new(ctx.clone()))
             .max_decoding_message_size(max_decode)
             .max_encoding_message_size(usize::MAX);
-        let watch =
-            WatchServer::new(WatchService::new(ctx.clone(), cfg.watch_progress_notify_interval))
-                .max_decoding_message_size(max_decode)
-                .max_encoding_message_size(usize::MAX);
+        let watch = WatchServer::new(WatchService::new(
+            ctx.clone(),
+            crate::api::watch::Limits {
+                progress_interval: cfg.watch_progress_notify_interval,
+                watchers_per_stream: cfg.max_watchers_per_stream,
+                streams: cfg.max_watch_streams,
+            },
+        ))
+        .max_decoding_message_size(max_decode)
+        .max_encoding_message_size(usize::MAX);
         let mut stop_rx = stop_rx.clone();
         servers.spawn(
             client_tls

@@ -346,3 +346,52 @@ async fn slow_watcher_compacted_under_it_is_canceled_after_a_gap_free_prefix() -
     cluster.finish();
     Ok(())
 }
+
+/// Issue 19, Medium 10: one client cannot make a member hold unbounded watch state. Streams
+/// beyond `--max-watch-streams` are refused with RESOURCE_EXHAUSTED, creates beyond
+/// `--max-watchers-per-stream` are answered created-and-canceled with a reason, and a closed
+/// stream gives its place back. Seen failing on 5c13469: the flags did not exist (picketd
+/// refused to start), and with no limit every stream and watcher was accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_and_watchers_per_stream_are_limited() -> Result<()> {
+    let opts = ClusterOptions {
+        extra_args: ["--max-watch-streams", "2", "--max-watchers-per-stream", "3"]
+            .map(String::from)
+            .to_vec(),
+        ..Default::default()
+    };
+    let cluster = Cluster::start(1, opts).await?;
+    let mut c = cluster.client(0).await?;
+    let mut first = c.watch("limit/a", None).await?;
+    ensure!(first.message().await?.context("stream ended")?.created(), "first watch created");
+    for k in ["limit/b", "limit/c"] {
+        first.watch(k, None).await?;
+        let r = first.message().await?.context("stream ended")?;
+        ensure!(r.created() && !r.canceled(), "watch on {k}: {r:?}");
+    }
+    first.watch("limit/d", None).await?;
+    let r = first.message().await?.context("stream ended")?;
+    ensure!(
+        r.created() && r.canceled() && r.cancel_reason().contains("too many watchers"),
+        "the fourth watcher on the stream: {r:?}"
+    );
+
+    let mut second = c.watch("limit/e", None).await?;
+    ensure!(second.message().await?.context("stream ended")?.created(), "second stream");
+    let e = c.watch("limit/f", None).await.err().context("a third stream was accepted")?;
+    ensure!(e.to_string().contains("too many watch streams"), "third stream refused with {e}");
+
+    info!("closing the first stream gives its place back");
+    drop(first);
+    picket_tests::eventually("a stream after one closed", Duration::from_secs(10), || {
+        let mut c = c.clone();
+        async move {
+            let mut s = c.watch("limit/g", None).await?;
+            ensure!(s.message().await?.context("stream ended")?.created(), "created");
+            Ok(())
+        }
+    })
+    .await?;
+    cluster.finish();
+    Ok(())
+}

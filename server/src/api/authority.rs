@@ -40,8 +40,13 @@ const FLAG_PRIORITY: u8 = 0x20;
 /// Frames we emit are never larger than HTTP/2's minimum `SETTINGS_MAX_FRAME_SIZE`, which every
 /// server accepts.
 const MAX_OUT_FRAME: usize = 16_384;
-/// Larger frames than HTTP/2 allows at all: give up parsing and pass the connection through.
-const MAX_IN_FRAME: usize = (1 << 24) - 1;
+/// The largest frame a client may send us: the `SETTINGS_MAX_FRAME_SIZE` our HTTP/2 server
+/// advertises (h2's default, 16 KiB; `node.rs` configures no other). A frame claiming more is a
+/// protocol error hyper answers itself, so the connection is passed through unparsed at once
+/// rather than buffered: a client announcing a 16 MiB frame used to make us hold up to 16 MiB
+/// per connection before anything was checked (issue 19, Medium 10). With this bound a
+/// connection's parse buffers hold at most one frame plus one read.
+const MAX_IN_FRAME: usize = 16_384;
 /// A header block spread over CONTINUATION frames is buffered up to this size; beyond it the
 /// connection is passed through unparsed (hyper limits header lists far below this anyway).
 const MAX_BLOCK: usize = 1 << 20;
@@ -514,6 +519,8 @@ fn huffman_decode(input: &[u8]) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use tokio::io::AsyncReadExt;
 
     use super::*;
@@ -668,5 +675,29 @@ mod tests {
         assert_eq!(through(b"GET / HTTP/1.1\r\n\r\n").await, b"GET / HTTP/1.1\r\n\r\n");
         let cut = &clean[..clean.len() - 3];
         assert_eq!(through(cut).await, cut);
+    }
+
+    /// Issue 19, Medium 10. Seen failing on 5c13469: a frame header announcing 1 MiB was held
+    /// with its partial payload until the whole frame arrived (the read timed out).
+    #[tokio::test]
+    async fn a_frame_over_the_advertised_maximum_is_passed_through_not_buffered() {
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let mut input = PREFACE.to_vec();
+        let len = 1usize << 20;
+        input.extend_from_slice(&[(len >> 16) as u8, (len >> 8) as u8, len as u8, 0x0, 0]);
+        input.extend_from_slice(&[0, 0, 0, 1]);
+        input.extend(std::iter::repeat_n(7u8, 20_000));
+        tokio::io::AsyncWriteExt::write_all(&mut client, &input).await.unwrap();
+        let mut fix = AuthorityFix::new(server);
+        let mut got = Vec::new();
+        while got.len() < input.len() {
+            let mut buf = vec![0u8; 64 * 1024];
+            let n = tokio::time::timeout(Duration::from_secs(10), fix.read(&mut buf))
+                .await
+                .expect("bytes of an oversized frame were held back")
+                .unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, input);
     }
 }

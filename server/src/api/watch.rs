@@ -16,8 +16,9 @@ use picket_proto::etcdserverpb::watch_request::RequestUnion;
 use picket_proto::etcdserverpb::watch_server::Watch;
 use picket_proto::etcdserverpb::{RangeRequest, WatchCreateRequest, WatchRequest, WatchResponse};
 use picket_proto::mvccpb::Event;
+use prost::Message;
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
@@ -29,8 +30,10 @@ use crate::mvcc::MvccError;
 use crate::storage::state_machine::FeedItem;
 use crate::watch::{fragment, WatchSpec};
 
-/// Revisions read from the changelog per step of a replay, so a watcher starting far in the
-/// past does not load the whole history into memory at once.
+/// Revisions read from the changelog per step of a replay (etcd's `watchBatchMaxRevs`), so a
+/// watcher starting far in the past does not load the whole history into memory at once. A step
+/// also stops at `--max-request-bytes` of events (at least one revision), so one response of a
+/// replay is about that size rather than up to 1,000 revisions of any size (issue 19).
 const REPLAY_CHUNK: i64 = 1000;
 
 /// Responses buffered per stream. A client that stops reading fills it; its watchers then wait,
@@ -38,22 +41,65 @@ const REPLAY_CHUNK: i64 = 1000;
 /// server's memory stays bounded.
 const STREAM_BUFFER: usize = 1024;
 
+/// Encoded bytes of responses buffered per stream and not yet taken by the transport. The count
+/// above alone let 1,024 large responses pile up for a client that stopped reading (issue 19).
+/// A response larger than this waits until the buffer is empty, then goes alone.
+const STREAM_BYTES: usize = 4 << 20;
+
 /// `watch_id` of responses that concern the whole stream (progress requests), as in etcd.
 const STREAM_WATCH_ID: i64 = -1;
 
+/// The watch service's settings (`--watch-progress-notify-interval`,
+/// `--max-watchers-per-stream`, `--max-watch-streams`).
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub progress_interval: Duration,
+    pub watchers_per_stream: usize,
+    pub streams: usize,
+}
+
 pub struct WatchService {
     ctx: Arc<Ctx>,
-    progress_interval: Duration,
+    limits: Limits,
+    /// One permit per stream that may be open.
+    streams: Arc<Semaphore>,
 }
 
 impl WatchService {
-    pub fn new(ctx: Arc<Ctx>, progress_interval: Duration) -> Self {
-        Self { ctx, progress_interval }
+    pub fn new(ctx: Arc<Ctx>, limits: Limits) -> Self {
+        Self { ctx, limits, streams: Arc::new(Semaphore::new(limits.streams)) }
     }
 }
 
-type Tx = mpsc::Sender<Result<WatchResponse, Status>>;
-type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+type Item = Result<WatchResponse, Status>;
+type WatchStream = Pin<Box<dyn Stream<Item = Item> + Send>>;
+
+/// The sending side of one watch stream: a bounded queue whose items also hold their share of
+/// the stream's [`STREAM_BYTES`], released when the transport takes them.
+#[derive(Clone)]
+struct Tx {
+    queue: mpsc::Sender<(Item, Option<OwnedSemaphorePermit>)>,
+    bytes: Arc<Semaphore>,
+}
+
+impl Tx {
+    /// Queues `item`, waiting while the stream's buffer is full. `Err` if the stream is gone.
+    async fn send(&self, item: Item) -> Result<(), ()> {
+        let len = item.as_ref().map_or(0, |r| r.encoded_len());
+        let cost = u32::try_from(len.clamp(1, STREAM_BYTES)).unwrap_or(u32::MAX);
+        // Bounded by the client: permits come back as it reads, or all at once when the stream
+        // ends (dropping the receiver drops every queued item and its permit).
+        let permit = tokio::select! {
+            p = self.bytes.clone().acquire_many_owned(cost) => p.map_err(|_| ())?,
+            _ = self.queue.closed() => return Err(()),
+        };
+        self.queue.send((item, Some(permit))).await.map_err(|_| ())
+    }
+
+    async fn closed(&self) {
+        self.queue.closed().await
+    }
+}
 
 struct Watcher {
     task: JoinHandle<()>,
@@ -72,15 +118,30 @@ impl Watch for WatchService {
         let (meta, _, incoming) = req.into_parts();
         // The stream's token is checked when it opens and again for every watch it creates.
         self.ctx.authorize(&meta, &[]).await?;
-        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-        tokio::spawn(serve_stream(self.ctx.clone(), self.progress_interval, incoming, tx, meta));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
+            self.ctx.metrics.watch_refused("streams");
+            return Err(Status::resource_exhausted(format!(
+                "picket: too many watch streams on this member (--max-watch-streams {}); \
+                 retry later or use another member",
+                self.limits.streams
+            )));
+        };
+        let (queue, rx) = mpsc::channel(STREAM_BUFFER);
+        let tx = Tx { queue, bytes: Arc::new(Semaphore::new(STREAM_BYTES)) };
+        let (ctx, limits) = (self.ctx.clone(), self.limits);
+        tokio::spawn(async move {
+            serve_stream(ctx, limits, incoming, tx, meta).await;
+            drop(permit);
+        });
+        // The permit of an item is dropped as the transport takes it.
+        let out = ReceiverStream::new(rx).map(|(item, _permit)| item);
+        Ok(Response::new(Box::pin(out)))
     }
 }
 
 async fn serve_stream(
     ctx: Arc<Ctx>,
-    progress_interval: Duration,
+    limits: Limits,
     mut incoming: Streaming<WatchRequest>,
     tx: Tx,
     meta: tonic::metadata::MetadataMap,
@@ -137,6 +198,16 @@ async fn serve_stream(
                 if create.watch_id == 0 {
                     next_id += 1;
                 }
+                let judged = if watchers.len() >= limits.watchers_per_stream {
+                    ctx.metrics.watch_refused("watchers_per_stream");
+                    Err(Status::resource_exhausted(format!(
+                        "picket: too many watchers on this stream (--max-watchers-per-stream {}); \
+                         cancel some or open another stream",
+                        limits.watchers_per_stream
+                    )))
+                } else {
+                    judged
+                };
                 if let Err(denied) = judged {
                     let resp = WatchResponse {
                         header: Some(ctx.header(revision)),
@@ -168,7 +239,7 @@ async fn serve_stream(
                     id,
                     create,
                     start,
-                    progress_interval,
+                    limits.progress_interval,
                     tx.clone(),
                     sent_through.clone(),
                 ));
@@ -326,12 +397,12 @@ impl WatcherState {
                 return Some(next);
             }
             let to = current.min(next + REPLAY_CHUNK - 1);
-            match self.ctx.sm.reader().events(next, to) {
-                Ok(batch) => {
-                    if !self.deliver(batch, to).await {
+            match self.ctx.sm.reader().events_bounded(next, to, self.fragment_limit) {
+                Ok((batch, through)) => {
+                    if !self.deliver(batch, through).await {
                         return None;
                     }
-                    next = to + 1;
+                    next = through + 1;
                 }
                 Err(MvccError::Compacted) => {
                     let compacted = self.ctx.sm.reader().revisions().map(|r| r.1).unwrap_or(next);
@@ -419,5 +490,56 @@ async fn run_watcher(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+    use picket_proto::mvccpb::KeyValue;
+
+    use super::*;
+
+    fn response(value_len: usize) -> Item {
+        let kv = KeyValue { key: b"k".to_vec(), value: vec![7; value_len], ..Default::default() };
+        Ok(WatchResponse {
+            events: vec![Event { kv: Some(kv), ..Default::default() }],
+            ..Default::default()
+        })
+    }
+
+    /// Issue 19, Medium 10: a client that stops reading holds at most about `STREAM_BYTES` of
+    /// responses on the server, not `STREAM_BUFFER` responses of any size. Seen failing with the
+    /// byte bound lifted (`STREAM_BYTES = 1 << 30`, the old count-only buffer): all 100
+    /// responses of 100 KiB (10 MB) were queued.
+    #[tokio::test]
+    async fn a_stream_that_is_not_read_buffers_a_bounded_number_of_bytes() {
+        let (queue, mut rx) = mpsc::channel(STREAM_BUFFER);
+        let tx = Tx { queue, bytes: Arc::new(Semaphore::new(STREAM_BYTES)) };
+        let size = response(100 * 1024).unwrap().encoded_len();
+        // A send that cannot complete at once is Pending on its first poll: the buffer is full.
+        // Unconstrained: tokio's cooperative budget would otherwise make a long run of ready
+        // sends in one task return Pending too.
+        let mut queued = 0;
+        while queued < 100
+            && tokio::task::unconstrained(tx.send(response(100 * 1024))).now_or_never().is_some()
+        {
+            queued += 1;
+        }
+        assert!(queued < 100, "all 100 responses of {size} bytes were queued for an idle client");
+        assert!(queued * size <= STREAM_BYTES, "{queued} responses of {size} bytes queued");
+        assert!(queued > 0, "a stream with an empty buffer must take a response");
+        // The transport takes one: its bytes come back and the next send goes through.
+        let (first, permit) = rx.recv().await.unwrap();
+        assert!(first.is_ok());
+        drop(permit);
+        assert!(tx.send(response(100 * 1024)).now_or_never().is_some());
+        // A response larger than the whole buffer waits for an empty buffer, then goes alone.
+        while rx.try_recv().is_ok() {}
+        assert!(tx.send(response(STREAM_BYTES + 1)).now_or_never().is_some());
+        // The client is gone: a waiting sender learns it instead of waiting forever.
+        let blocked = tx.send(response(100));
+        drop(rx);
+        assert_eq!(blocked.await, Err(()));
     }
 }

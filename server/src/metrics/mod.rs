@@ -89,6 +89,7 @@ pub struct Metrics {
     disk: disk::DiskMetrics,
     watchers: IntGauge,
     slow_watchers: IntGauge,
+    watch_refused: IntCounterVec,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(
@@ -275,6 +276,17 @@ impl Metrics {
                 "debugging_mvcc_slow_watcher_total",
                 "Watchers catching up from history (behind the live feed or started in the past).",
             )?,
+            watch_refused: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "watch_refused_total",
+                        "Watch streams and watch creates refused by a limit \
+                         (--max-watch-streams, --max-watchers-per-stream).",
+                    ),
+                    &["limit"],
+                )?,
+            )?,
             registry,
         };
         Ok(metrics)
@@ -325,6 +337,12 @@ impl Metrics {
     /// Counts one open watcher while the guard lives.
     pub fn watcher(&self) -> disk::GaugeGuard {
         disk::GaugeGuard::new(&self.watchers)
+    }
+
+    /// Counts a watch stream (`limit = "streams"`) or a watch create
+    /// (`"watchers_per_stream"`) refused by a limit.
+    pub fn watch_refused(&self, limit: &str) {
+        self.watch_refused.with_label_values(&[limit]).inc();
     }
 
     /// Counts one watcher catching up from history while the guard lives.

@@ -17,6 +17,9 @@ use super::request::{lease_keys, Request};
 use super::{keys, txn, validate, LeaseLookup};
 use crate::storage::engine::{Cf, Engine, ReadView};
 
+/// Events by revision, in revision order.
+pub type History = Vec<(i64, Vec<Event>)>;
+
 /// The MVCC store. The single writer (the state machine) owns it; see [`MvccStore::reader`]
 /// for concurrent readers.
 pub struct MvccStore<E: Engine> {
@@ -148,6 +151,18 @@ impl<E: Engine> MvccReader<E> {
         events(&self.engine, from_rev, to_rev)
     }
 
+    /// Like [`MvccReader::events`], but stops after the revision at which the events read
+    /// reach `max_bytes` encoded (at least one revision is read). Returns the events and the
+    /// revision they cover through (`to_rev` if the whole range was read).
+    pub fn events_bounded(
+        &self,
+        from_rev: i64,
+        to_rev: i64,
+        max_bytes: usize,
+    ) -> Result<(History, i64), MvccError> {
+        events_bounded(&self.engine, from_rev, to_rev, max_bytes)
+    }
+
     /// Every live key attached to `lease`, in key order.
     pub fn keys_of_lease(&self, lease: i64) -> Result<Vec<Vec<u8>>, MvccError> {
         keys_of_lease(&self.engine, lease)
@@ -190,6 +205,18 @@ fn events<E: Engine>(
     from_rev: i64,
     to_rev: i64,
 ) -> Result<Vec<(i64, Vec<Event>)>, MvccError> {
+    events_bounded(engine, from_rev, to_rev, usize::MAX).map(|(batch, _)| batch)
+}
+
+/// The events of `[from_rev, to_rev]` in revision order, stopping after the first revision at
+/// which their encoded size reaches `max_bytes` (at least one revision, however large). Returns
+/// them and the revision they cover through: `to_rev` when the range was read to its end.
+fn events_bounded<E: Engine>(
+    engine: &E,
+    from_rev: i64,
+    to_rev: i64,
+    max_bytes: usize,
+) -> Result<(History, i64), MvccError> {
     let view = engine.view();
     let revs = read_revisions(&view)?;
     if from_rev < revs.compacted {
@@ -197,18 +224,23 @@ fn events<E: Engine>(
     }
     let from = from_rev.max(1);
     if to_rev < from {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), to_rev));
     }
     let start = keys::changelog_key(from);
     let end = keys::changelog_key(to_rev.saturating_add(1));
-    view.scan(Cf::Changelog, &start, Some(&end))
-        .map(|item| {
-            let (k, v) = item?;
-            let rev = keys::decode_changelog_key(&k)
-                .ok_or_else(|| MvccError::Corrupt(format!("malformed changelog key {k:02x?}")))?;
-            Ok((rev, RevisionEvents::decode(v.as_slice())?.events))
-        })
-        .collect()
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    for item in view.scan(Cf::Changelog, &start, Some(&end)) {
+        let (k, v) = item?;
+        let rev = keys::decode_changelog_key(&k)
+            .ok_or_else(|| MvccError::Corrupt(format!("malformed changelog key {k:02x?}")))?;
+        bytes = bytes.saturating_add(v.len());
+        out.push((rev, RevisionEvents::decode(v.as_slice())?.events));
+        if bytes >= max_bytes && rev < to_rev {
+            return Ok((out, rev));
+        }
+    }
+    Ok((out, to_rev))
 }
 
 fn keys_of_lease<E: Engine>(engine: &E, lease: i64) -> Result<Vec<Vec<u8>>, MvccError> {

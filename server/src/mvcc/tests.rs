@@ -575,3 +575,28 @@ fn long_histories_are_read_correctly_across_reseeks() {
     compact(&mut s, 56).unwrap();
     assert_eq!(kv_records(&s), 3, "the whole history of k is gone");
 }
+
+/// Watch replay reads the changelog in steps bounded by bytes (issue 19, Medium 10): a step stops
+/// after the revision at which its events reach the budget, and always takes one revision.
+#[test]
+fn events_bounded_stops_at_the_byte_budget() {
+    let mut s = MvccStore::open(MemEngine::new()).unwrap();
+    for i in 0..10 {
+        let mut b = s.begin_apply();
+        let req = PutRequest {
+            key: format!("k{i}").into_bytes(),
+            value: vec![1; 1000],
+            ..Default::default()
+        };
+        b.put(&req, &|_| false).unwrap();
+        b.commit(false).unwrap();
+    }
+    let r = s.reader();
+    let (all, through) = r.events_bounded(2, 11, usize::MAX).unwrap();
+    assert_eq!((all.len(), through), (10, 11));
+    let (some, through) = r.events_bounded(2, 11, 2500).unwrap();
+    assert_eq!(some.iter().map(|(rev, _)| *rev).collect::<Vec<_>>(), vec![2, 3, 4]);
+    assert_eq!(through, 4);
+    let (one, through) = r.events_bounded(2, 11, 1).unwrap();
+    assert_eq!((one.len(), through), (1, 2));
+}
