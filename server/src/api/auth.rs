@@ -218,6 +218,14 @@ pub fn contender_needs(name: &[u8], write: bool) -> Vec<Need> {
     out
 }
 
+/// The command an auth mutation judged at auth revision `checked` is proposed as: wrapped like
+/// every write (issue 19), so a user add judged with auth off on a member that had not applied
+/// AuthEnable is refused after it. Concurrent mutations by root judged at the same revision
+/// get etcd's "revision of auth store is old" for all but the first, which clients retry.
+pub(crate) fn mutation_command(checked: Option<u64>, op: Op) -> Cmd {
+    guard_cmd(checked, Cmd::Auth(AuthCommand { op: Some(op) }))
+}
+
 /// WRITE on one key (unlock, resign and proclaim change or delete the holder's key).
 pub fn write_key(key: &[u8]) -> Need {
     Need::Write(crate::auth::KeyRange::new(key, &[]))
@@ -238,8 +246,8 @@ impl AuthService {
 
     /// Proposes an auth mutation after checking the caller is root (when auth is on).
     async fn mutate(&self, meta: &MetadataMap, op: Op) -> Result<Option<ResponseHeader>, Status> {
-        self.ctx.authorize_admin(meta).await?;
-        match self.ctx.propose(Cmd::Auth(AuthCommand { op: Some(op) })).await? {
+        let checked = self.ctx.authorize_admin(meta).await?;
+        match self.ctx.propose(mutation_command(checked, op)).await? {
             CmdResult::Auth(_) => Ok(self.header()),
             _ => Err(unexpected("auth")),
         }

@@ -104,7 +104,7 @@ async fn an_unwrapped_write_in_an_old_log_still_applies_after_auth_enable() {
 /// Lock/Election/Locks (TryLock, Lock, Unlock, Campaign, Proclaim, Resign), of the queue and of
 /// subscription commits (all through `kv::txn`), a plain KV Txn judged with auth off, lease
 /// grants (explicit, and the implicit one a Lock or Campaign without a lease makes) and group
-/// deletes. Each is built exactly as its handler builds it from the revision `authorize` returned
+/// deletes, alarm changes and auth mutations. Each is built exactly as its handler builds it from the revision `authorize` returned
 /// on a member that had not applied AuthEnable yet, and must be refused once apply runs it after
 /// the enable.
 #[tokio::test]
@@ -113,6 +113,7 @@ async fn every_write_path_checked_with_auth_off_is_refused_when_applied_after_au
     use picket_proto::etcdserverpb::{
         DeleteRangeRequest, LeaseGrantRequest, RequestOp, TxnRequest,
     };
+    use picket_proto::picket::raft::v1::auth_command::Op as AuthOp;
 
     let mut m = Member::new();
     m.add_root().await;
@@ -135,6 +136,28 @@ async fn every_write_path_checked_with_auth_off_is_refused_when_applied_after_au
             crate::api::lease::grant_command(checked, LeaseGrantRequest { ttl: 60, id: 77 }),
         ),
         ("group delete", crate::api::subscription::delete_command(checked, del)),
+        (
+            "alarm activate",
+            crate::api::maintenance::alarm_command(
+                checked,
+                picket_proto::etcdserverpb::AlarmRequest {
+                    action: picket_proto::etcdserverpb::alarm_request::AlarmAction::Activate as i32,
+                    member_id: 1,
+                    alarm: picket_proto::etcdserverpb::AlarmType::Nospace as i32,
+                },
+            ),
+        ),
+        (
+            "user add",
+            crate::api::auth::mutation_command(
+                checked,
+                AuthOp::UserAdd(AuthUserAddRequest {
+                    name: "mallory".into(),
+                    hashed_password: "hash".into(),
+                    ..Default::default()
+                }),
+            ),
+        ),
     ];
     m.enable().await;
     for (what, write) in writes {
@@ -149,4 +172,5 @@ async fn every_write_path_checked_with_auth_off_is_refused_when_applied_after_au
         picket_proto::etcdserverpb::RangeRequest { key: b"lock/1".to_vec(), ..Default::default() };
     assert!(m.sm.shared().reader().range(&req).expect("read").kvs.is_empty());
     assert!(m.sm.shared().with_leases(|t| t.iter().all(|l| l.id != 77)), "no lease granted");
+    assert!(m.sm.shared().auth().users.iter().all(|u| u.name != b"mallory"), "no user added");
 }

@@ -44,6 +44,14 @@ const SNAPSHOT_CHUNK: usize = 64 * 1024;
 /// etcd's text for a member without a leader, listed in `Status.errors`.
 const NO_LEADER: &str = "etcdserver: no leader";
 
+/// The command a client's alarm change judged at auth revision `checked` is proposed as:
+/// wrapped like every client write (issue 19), so one judged with auth off on a member that had
+/// not applied AuthEnable is refused after it. The quota monitor's own alarms carry no client
+/// and stay unwrapped (`crate::quota::run_monitor`).
+pub(crate) fn alarm_command(checked: Option<u64>, req: AlarmRequest) -> Cmd {
+    super::auth::guard_cmd(checked, Cmd::Alarm(req))
+}
+
 pub struct MaintenanceService {
     ctx: Arc<Ctx>,
     control: ClusterControl,
@@ -85,11 +93,11 @@ impl Maintenance for MaintenanceService {
     async fn alarm(&self, req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
         let (meta, _, req) = req.into_parts();
         // Listing alarms needs a valid token; raising or clearing one is root's (etcd).
-        if req.action == AlarmAction::Get as i32 {
-            self.ctx.authorize(&meta, &[]).await?;
+        let checked = if req.action == AlarmAction::Get as i32 {
+            self.ctx.authorize(&meta, &[]).await?
         } else {
-            self.ctx.authorize_admin(&meta).await?;
-        }
+            self.ctx.authorize_admin(&meta).await?
+        };
         let action = AlarmAction::try_from(req.action)
             .map_err(|_| Status::invalid_argument("picket: unknown alarm action"))?;
         let alarms = match action {
@@ -111,7 +119,7 @@ impl Maintenance for MaintenanceService {
                 if action == AlarmAction::Activate && req.alarm == AlarmType::None as i32 {
                     return Err(Status::invalid_argument("picket: cannot activate alarm NONE"));
                 }
-                match self.ctx.propose(Cmd::Alarm(req)).await? {
+                match self.ctx.propose(alarm_command(checked, req)).await? {
                     CmdResult::Alarm(r) => r.alarms,
                     _ => return Err(super::unexpected("alarm")),
                 }
