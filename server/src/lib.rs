@@ -13,6 +13,7 @@
 //!   clocks, so apply is deterministic.
 
 pub mod api;
+pub mod apply;
 pub mod auth;
 pub mod concurrency;
 pub mod config;

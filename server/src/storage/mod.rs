@@ -19,6 +19,7 @@ pub mod rocks;
 
 // Owned by the Raft layer (see the list above).
 pub mod log_store;
+pub mod shared;
 pub mod snapshot;
 pub mod snapshot_file;
 pub mod state_machine;

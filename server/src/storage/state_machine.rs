@@ -1,5 +1,7 @@
-//! The Raft state machine (openraft's `RaftStateMachine`): decodes committed entries and
-//! dispatches them to `mvcc` and `lease`. It holds no business logic of its own.
+//! The Raft state machine (openraft's `RaftStateMachine`): decodes committed entries, hands
+//! each command to [`crate::apply`] (which owns every apply rule), commits the batch, publishes
+//! the events, and builds and installs snapshots. It holds no business logic of its own; the
+//! state it writes and the API layer reads is [`super::shared`].
 //!
 //! Every `apply()` call becomes one RocksDB write batch that carries the data changes, the
 //! last applied log id and the membership together, so a restart resumes exactly after the last
@@ -15,24 +17,23 @@ use openraft::{
     EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder, StorageIOError,
 };
 use parking_lot::RwLock;
-use picket_proto::mvccpb::Event;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
-use picket_proto::picket::raft::v1::raft_command::Cmd;
-use picket_proto::picket::raft::v1::{
-    BatchResult, CommandBatch, CommandError, CommandResult, Empty,
-};
+use picket_proto::picket::raft::v1::{CommandError, CommandResult, Empty};
 use picket_proto::picket::storage::v1::LeaseRecord;
 use prost::Message;
 use tokio::sync::broadcast;
 
 use crate::lease::LeaseTable;
-use crate::mvcc::{ApplyBatch, MvccError, MvccReader, MvccStore};
+use crate::mvcc::MvccStore;
 use crate::raft::types::{
     Applied, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
 use crate::storage::engine::Cf;
 use crate::storage::rocks::RocksEngine;
 use crate::storage::snapshot::{self, SnapshotFiles};
+
+pub(super) use super::shared::Inner;
+pub use super::shared::{FeedItem, RevisionEvents, Shared};
 
 const KEY_APPLIED: &[u8] = b"raft/last_applied";
 const KEY_MEMBERSHIP: &[u8] = b"raft/membership";
@@ -41,55 +42,6 @@ const KEY_MEMBERSHIP: &[u8] = b"raft/membership";
 /// new cluster (`crate::restore`) drops them, because they name log ids and members of the
 /// cluster the snapshot came from.
 pub(crate) const RAFT_META_KEYS: [&[u8]; 2] = [KEY_APPLIED, KEY_MEMBERSHIP];
-
-/// Events of one applied revision, published after the batch that produced them is written.
-#[derive(Debug, Clone)]
-pub struct RevisionEvents {
-    pub revision: i64,
-    pub events: Arc<Vec<Event>>,
-}
-
-/// One item of the applied-state feed ([`Shared::subscribe`]), in apply order.
-///
-/// A member that falls behind the leader's purged log catches up by installing a snapshot, which
-/// replaces the state without applying (or publishing) the entries it covers. A consumer waiting
-/// for a particular event (a lock waiter for its predecessor's delete, a watcher for the next
-/// revision) would wait forever for an event that will never be published, so the install is
-/// announced as its own item, and every consumer must treat it as "anything may have changed":
-/// re-read the state (or replay history) instead of waiting on. It is an enum rather than a flag
-/// on [`RevisionEvents`] so that a new consumer cannot compile without deciding what to do.
-#[derive(Debug, Clone)]
-pub enum FeedItem {
-    /// The events of one applied revision.
-    Revision(RevisionEvents),
-    /// A snapshot was installed; the store is now at `revision`, reached without events.
-    SnapshotInstalled { revision: i64 },
-}
-
-/// State shared by the state machine (writer) and the API layer (readers).
-pub struct Shared {
-    engine: RocksEngine,
-    reader: MvccReader<RocksEngine>,
-    inner: RwLock<Inner>,
-    /// The store revision as of the last apply or snapshot install, readable without the lock:
-    /// every response header needs it, and a header must never wait for an apply or an install
-    /// (issue 19, Medium 9).
-    revision: AtomicI64,
-    snapshots: SnapshotFiles,
-    snapshot_seq: AtomicU64,
-    events: broadcast::Sender<FeedItem>,
-    /// The applied auth store, for permission checks on the API layer (`crate::auth`).
-    auth: crate::auth::AuthCache,
-    /// Times batch commits (`picket_disk_backend_commit_duration_seconds`) once set.
-    disk: std::sync::OnceLock<crate::metrics::disk::DiskMetrics>,
-}
-
-struct Inner {
-    store: MvccStore<RocksEngine>,
-    leases: LeaseTable,
-    last_applied: Option<LogId>,
-    membership: StoredMembership,
-}
 
 /// The openraft state machine handle. Clones share state.
 #[derive(Clone)]
@@ -173,239 +125,6 @@ impl StateMachine {
     }
 }
 
-impl Shared {
-    /// Reads from the MVCC store. Every read takes its own consistent engine view, so readers
-    /// need no lock and never block apply.
-    pub fn reader(&self) -> &MvccReader<RocksEngine> {
-        &self.reader
-    }
-
-    /// Runs `f` with read access to the MVCC store. Reads use a consistent RocksDB view, so
-    /// holding the lock only keeps the store from being swapped by a snapshot install.
-    pub fn with_store<T>(&self, f: impl FnOnce(&MvccStore<RocksEngine>) -> T) -> T {
-        f(&self.inner.read().store)
-    }
-
-    pub fn with_leases<T>(&self, f: impl FnOnce(&LeaseTable) -> T) -> T {
-        f(&self.inner.read().leases)
-    }
-
-    /// The store revision as of the last apply or install; never waits for either.
-    pub fn revision(&self) -> i64 {
-        self.revision.load(Ordering::Acquire)
-    }
-
-    pub fn last_applied(&self) -> Option<LogId> {
-        self.inner.read().last_applied
-    }
-
-    pub fn membership(&self) -> StoredMembership {
-        self.inner.read().membership.clone()
-    }
-
-    pub fn engine(&self) -> &RocksEngine {
-        &self.engine
-    }
-
-    /// Observes batch commit latency in `disk` from now on (the first call wins).
-    pub fn set_disk_metrics(&self, disk: crate::metrics::disk::DiskMetrics) {
-        let _ = self.disk.set(disk);
-    }
-
-    /// The applied auth store (users, roles, permissions; `crate::auth`).
-    pub fn auth(&self) -> Arc<picket_proto::picket::storage::v1::AuthState> {
-        self.auth.get()
-    }
-
-    /// Subscribes to the events of every revision applied from now on, and to every snapshot
-    /// install (see [`FeedItem`]).
-    pub fn subscribe(&self) -> broadcast::Receiver<FeedItem> {
-        self.events.subscribe()
-    }
-}
-
-/// Converts an MVCC error into a command result, or into a storage error that stops the node
-/// when it is not a deterministic outcome of the command (I/O failure, corruption).
-fn outcome<T>(
-    res: Result<T, MvccError>,
-    wrap: impl FnOnce(T) -> CmdResult,
-) -> Result<CmdResult, StorageError> {
-    match res {
-        Ok(v) => Ok(wrap(v)),
-        Err(e) if crate::api::status::mvcc_is_fatal(&e) => Err(sm_err(ErrorVerb::Write, e)),
-        Err(e) => {
-            let status = crate::api::status::mvcc_status(&e);
-            Ok(CmdResult::Error(CommandError {
-                code: status.code() as u32,
-                message: status.message().to_string(),
-            }))
-        }
-    }
-}
-
-fn lease_error(e: crate::lease::LeaseError) -> CmdResult {
-    let status = crate::api::status::lease_status(&e);
-    CmdResult::Error(CommandError {
-        code: status.code() as u32,
-        message: status.message().to_string(),
-    })
-}
-
-/// A write refused because it would store a malformed subscription group record: a command
-/// result, the same on every member.
-fn group_error(e: &crate::subscription::GroupError) -> CmdResult {
-    CmdResult::Error(CommandError {
-        code: tonic::Code::InvalidArgument as u32,
-        message: e.to_string(),
-    })
-}
-
-fn apply_command(
-    batch: &mut ApplyBatch<'_, RocksEngine>,
-    leases: &mut LeaseTable,
-    cmd: Cmd,
-    entry_term: u64,
-) -> Result<CmdResult, StorageError> {
-    // Storage quota (`crate::quota`): while a NOSPACE alarm is active, commands that grow the
-    // store get etcd's "database space exceeded", decided from replicated state only.
-    let refused = crate::quota::gate(batch, &cmd).map_err(|e| sm_err(ErrorVerb::Read, e))?;
-    if let Some(refused) = refused {
-        return Ok(refused);
-    }
-    match cmd {
-        Cmd::LeaseExpire(e) if e.term != entry_term => {
-            // Decided by a leader of an earlier term (see `LeaseExpire` in the proto): the
-            // current leader renewed every lease when it took over, so this expiry is stale.
-            Ok(CmdResult::Error(CommandError {
-                code: tonic::Code::FailedPrecondition as u32,
-                message: format!(
-                    "picket: stale lease expiry from term {} applied in term {entry_term}",
-                    e.term
-                ),
-            }))
-        }
-        Cmd::LeaseExpire(e) => apply_command(
-            batch,
-            leases,
-            Cmd::LeaseRevoke(picket_proto::etcdserverpb::LeaseRevokeRequest { id: e.id }),
-            entry_term,
-        ),
-        // A put under the subscription group prefix must store a well-formed record
-        // (`crate::subscription::check_put`).
-        Cmd::Put(req) => match crate::subscription::check_put(&req) {
-            Ok(()) => outcome(batch.put(&req, leases), CmdResult::Put),
-            Err(e) => Ok(group_error(&e)),
-        },
-        Cmd::DeleteRange(req) => outcome(batch.delete_range(&req), CmdResult::DeleteRange),
-        Cmd::Txn(req) => match crate::subscription::check_txn(&req) {
-            Ok(()) => outcome(batch.txn(&req, leases), CmdResult::Txn),
-            Err(e) => Ok(group_error(&e)),
-        },
-        // Subscription groups may clamp a compaction (see `crate::subscription::guard`).
-        Cmd::Compaction(req) => {
-            outcome(crate::subscription::guard::compact(batch, &req), CmdResult::Compaction)
-        }
-        Cmd::LeaseGrant(req) => match leases.grant(req.id, req.ttl) {
-            Ok(record) => {
-                batch.put_raw(Cf::Lease, &record.id.to_be_bytes(), &record.encode_to_vec());
-                Ok(CmdResult::LeaseGrant(picket_proto::etcdserverpb::LeaseGrantResponse {
-                    header: None,
-                    id: record.id,
-                    ttl: record.ttl,
-                    error: String::new(),
-                }))
-            }
-            Err(e) => Ok(lease_error(e)),
-        },
-        Cmd::LeaseRevoke(req) => match leases.revoke(req.id) {
-            Ok(_) => {
-                batch.delete_raw(Cf::Lease, &req.id.to_be_bytes());
-                outcome(batch.revoke_lease_keys(req.id), |_| {
-                    CmdResult::LeaseRevoke(picket_proto::etcdserverpb::LeaseRevokeResponse {
-                        header: None,
-                    })
-                })
-            }
-            Err(e) => Ok(lease_error(e)),
-        },
-        Cmd::LeaseCheckpoint(_) => Ok(CmdResult::Empty(Empty {})),
-        // The leader's physical-compaction driver (`crate::api::compact_steps`).
-        Cmd::CompactStep(_) => outcome(batch.run_compact_step(), |_| CmdResult::Empty(Empty {})),
-        // Authentication and RBAC (`crate::auth`): store mutations, and commands whose
-        // permissions were checked at an auth revision that apply re-validates.
-        Cmd::Auth(c) => outcome(crate::auth::replicated::apply(batch, c), |r| r),
-        Cmd::AuthChecked(c) => match crate::auth::replicated::check_revision(batch, &c) {
-            Ok(Ok(inner)) => apply_command(batch, leases, inner, entry_term),
-            Ok(Err(refused)) => Ok(refused),
-            Err(e) => outcome::<()>(Err(e), |_| CmdResult::Empty(Empty {})),
-        },
-        Cmd::Alarm(req) => {
-            crate::quota::apply_alarm(batch, &req).map_err(|e| sm_err(ErrorVerb::Write, e))
-        }
-        Cmd::Batch(b) => apply_batch(batch, leases, b, entry_term),
-        Cmd::FencedTxn(f) => {
-            let Some(txn) = f.txn else {
-                return Ok(CmdResult::Error(CommandError {
-                    code: tonic::Code::InvalidArgument as u32,
-                    message: "picket: fenced txn without a txn".into(),
-                }));
-            };
-            let owner = match batch.range(&crate::concurrency::holder_range(&f.name)) {
-                Ok(r) => r.kvs.into_iter().next(),
-                Err(e) => return outcome::<()>(Err(e), |_| CmdResult::Empty(Empty {})),
-            };
-            match owner {
-                Some(kv) if kv.create_revision == f.token => {
-                    match crate::subscription::check_txn(&txn) {
-                        Ok(()) => outcome(batch.txn(&txn, leases), CmdResult::Txn),
-                        Err(e) => Ok(group_error(&e)),
-                    }
-                }
-                other => {
-                    let status = crate::api::status::stale_token(
-                        &f.name,
-                        f.token,
-                        other.map(|kv| kv.create_revision),
-                    );
-                    Ok(CmdResult::Error(CommandError {
-                        code: status.code() as u32,
-                        message: status.message().to_string(),
-                    }))
-                }
-            }
-        }
-    }
-}
-
-/// Applies a group-committed batch (`raft::batcher`): each command in order, exactly as if it
-/// were its own entry of term `entry_term` (own revision, own result, own watch events; a command
-/// that fails deterministically leaves the others alone). A batch nested in a batch is never
-/// built by the leader, so one in the log is corrupt or hostile: it gets an error result, the
-/// same on every member, and nothing it holds is applied.
-fn apply_batch(
-    batch: &mut ApplyBatch<'_, RocksEngine>,
-    leases: &mut LeaseTable,
-    cmds: CommandBatch,
-    entry_term: u64,
-) -> Result<CmdResult, StorageError> {
-    let mut results = Vec::with_capacity(cmds.commands.len());
-    for cmd in cmds.commands {
-        let result = match cmd.cmd {
-            Some(Cmd::Batch(_)) => CmdResult::Error(CommandError {
-                code: tonic::Code::InvalidArgument as u32,
-                message: "picket: a command batch may not contain another batch".into(),
-            }),
-            Some(c) => apply_command(batch, leases, c, entry_term)?,
-            None => CmdResult::Error(CommandError {
-                code: tonic::Code::InvalidArgument as u32,
-                message: "picket: empty raft command".into(),
-            }),
-        };
-        results.push(CommandResult { result: Some(result) });
-    }
-    Ok(CmdResult::Batch(BatchResult { results }))
-}
-
 impl RaftStateMachine<TypeConfig> for StateMachine {
     type SnapshotBuilder = Self;
 
@@ -441,7 +160,8 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     CmdResult::Empty(Empty {})
                 }
                 EntryPayload::Normal(cmd) => match cmd.0.cmd {
-                    Some(c) => apply_command(&mut batch, leases, c, log_id.leader_id.term)?,
+                    Some(c) => crate::apply::command(&mut batch, leases, c, log_id.leader_id.term)
+                        .map_err(|e| sm_err(ErrorVerb::Write, e))?,
                     None => CmdResult::Error(CommandError {
                         code: tonic::Code::InvalidArgument as u32,
                         message: "picket: empty raft command".into(),

@@ -1,0 +1,117 @@
+//! State shared by the state machine (the only writer) and the API layer (readers): the
+//! engine, the applied MVCC store and lease table behind one lock, a lock-free copy of the store
+//! revision for response headers, the applied-state feed, and the applied auth store.
+//! `state_machine` holds the openraft glue that writes it.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use picket_proto::mvccpb::Event;
+use tokio::sync::broadcast;
+
+use super::rocks::RocksEngine;
+use super::snapshot::SnapshotFiles;
+use crate::lease::LeaseTable;
+use crate::mvcc::{MvccReader, MvccStore};
+use crate::raft::types::{LogId, StoredMembership};
+
+/// Events of one applied revision, published after the batch that produced them is written.
+#[derive(Debug, Clone)]
+pub struct RevisionEvents {
+    pub revision: i64,
+    pub events: Arc<Vec<Event>>,
+}
+
+/// One item of the applied-state feed ([`Shared::subscribe`]), in apply order.
+///
+/// A member that falls behind the leader's purged log catches up by installing a snapshot, which
+/// replaces the state without applying (or publishing) the entries it covers. A consumer waiting
+/// for a particular event (a lock waiter for its predecessor's delete, a watcher for the next
+/// revision) would wait forever for an event that will never be published, so the install is
+/// announced as its own item, and every consumer must treat it as "anything may have changed":
+/// re-read the state (or replay history) instead of waiting on. It is an enum rather than a flag
+/// on [`RevisionEvents`] so that a new consumer cannot compile without deciding what to do.
+#[derive(Debug, Clone)]
+pub enum FeedItem {
+    /// The events of one applied revision.
+    Revision(RevisionEvents),
+    /// A snapshot was installed; the store is now at `revision`, reached without events.
+    SnapshotInstalled { revision: i64 },
+}
+
+/// State shared by the state machine (writer) and the API layer (readers).
+pub struct Shared {
+    pub(super) engine: RocksEngine,
+    pub(super) reader: MvccReader<RocksEngine>,
+    pub(super) inner: RwLock<Inner>,
+    /// The store revision as of the last apply or snapshot install, readable without the lock:
+    /// every response header needs it, and a header must never wait for an apply or an install
+    /// (issue 19, Medium 9).
+    pub(super) revision: AtomicI64,
+    pub(super) snapshots: SnapshotFiles,
+    pub(super) snapshot_seq: AtomicU64,
+    pub(super) events: broadcast::Sender<FeedItem>,
+    /// The applied auth store, for permission checks on the API layer (`crate::auth`).
+    pub(super) auth: crate::auth::AuthCache,
+    /// Times batch commits (`picket_disk_backend_commit_duration_seconds`) once set.
+    pub(super) disk: std::sync::OnceLock<crate::metrics::disk::DiskMetrics>,
+}
+
+pub(super) struct Inner {
+    pub(super) store: MvccStore<RocksEngine>,
+    pub(super) leases: LeaseTable,
+    pub(super) last_applied: Option<LogId>,
+    pub(super) membership: StoredMembership,
+}
+
+impl Shared {
+    /// Reads from the MVCC store. Every read takes its own consistent engine view, so readers
+    /// need no lock and never block apply.
+    pub fn reader(&self) -> &MvccReader<RocksEngine> {
+        &self.reader
+    }
+
+    /// Runs `f` with read access to the MVCC store. Reads use a consistent RocksDB view, so
+    /// holding the lock only keeps the store from being swapped by a snapshot install.
+    pub fn with_store<T>(&self, f: impl FnOnce(&MvccStore<RocksEngine>) -> T) -> T {
+        f(&self.inner.read().store)
+    }
+
+    pub fn with_leases<T>(&self, f: impl FnOnce(&LeaseTable) -> T) -> T {
+        f(&self.inner.read().leases)
+    }
+
+    /// The store revision as of the last apply or install; never waits for either.
+    pub fn revision(&self) -> i64 {
+        self.revision.load(Ordering::Acquire)
+    }
+
+    pub fn last_applied(&self) -> Option<LogId> {
+        self.inner.read().last_applied
+    }
+
+    pub fn membership(&self) -> StoredMembership {
+        self.inner.read().membership.clone()
+    }
+
+    pub fn engine(&self) -> &RocksEngine {
+        &self.engine
+    }
+
+    /// Observes batch commit latency in `disk` from now on (the first call wins).
+    pub fn set_disk_metrics(&self, disk: crate::metrics::disk::DiskMetrics) {
+        let _ = self.disk.set(disk);
+    }
+
+    /// The applied auth store (users, roles, permissions; `crate::auth`).
+    pub fn auth(&self) -> Arc<picket_proto::picket::storage::v1::AuthState> {
+        self.auth.get()
+    }
+
+    /// Subscribes to the events of every revision applied from now on, and to every snapshot
+    /// install (see [`FeedItem`]).
+    pub fn subscribe(&self) -> broadcast::Receiver<FeedItem> {
+        self.events.subscribe()
+    }
+}
