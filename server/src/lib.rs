@@ -21,6 +21,7 @@ pub mod config_file;
 pub mod lease;
 pub mod metrics;
 pub mod mvcc;
+pub mod net;
 pub mod node;
 pub mod queue;
 pub mod quota;

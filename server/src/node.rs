@@ -347,7 +347,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
                     ),
                 ))
                 // Repairs the `:authority` etcdctl 3.4 sends for URL endpoints (see the module).
-                .serve_with_incoming_shutdown(crate::api::authority::incoming(l), async move {
+                .serve_with_incoming_shutdown(crate::net::authority::incoming(l), async move {
                     let _ = stop_rx.wait_for(|s| *s).await;
                 }),
         );

@@ -4,7 +4,6 @@
 //! [`status`].
 
 pub mod auth;
-pub mod authority;
 pub mod cluster;
 pub mod compact_steps;
 pub mod concurrency;

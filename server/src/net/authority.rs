@@ -154,7 +154,14 @@ impl<S> AuthorityFix<S> {
                         return;
                     }
                     let frame: Vec<u8> = self.pending.drain(..FRAME_HEADER + len).collect();
-                    if !self.frame(frame) {
+                    if let Err(frame) = self.frame(frame) {
+                        // The frame that could not be parsed goes out too, after the header
+                        // block it interrupted and before the rest (found by the property test
+                        // below: a malformed padded HEADERS frame used to vanish).
+                        if let Some(b) = self.block.take() {
+                            self.out.extend_from_slice(&b.raw);
+                        }
+                        self.out.extend_from_slice(&frame);
                         self.give_up();
                         return;
                     }
@@ -163,8 +170,9 @@ impl<S> AuthorityFix<S> {
         }
     }
 
-    /// Handles one complete frame; `false` means "cannot parse: pass the rest through".
-    fn frame(&mut self, frame: Vec<u8>) -> bool {
+    /// Handles one complete frame; `Err` gives the frame back: "cannot parse, pass it and the
+    /// rest through".
+    fn frame(&mut self, frame: Vec<u8>) -> Result<(), Vec<u8>> {
         let (ty, flags) = (frame[3], frame[4]);
         let stream = [frame[5], frame[6], frame[7], frame[8]];
         let payload = &frame[FRAME_HEADER..];
@@ -173,20 +181,20 @@ impl<S> AuthorityFix<S> {
                 let mut p = payload;
                 let mut pad = 0usize;
                 if flags & FLAG_PADDED != 0 {
-                    let Some((&n, rest)) = p.split_first() else { return false };
+                    let Some((&n, rest)) = p.split_first() else { return Err(frame) };
                     pad = usize::from(n);
                     p = rest;
                 }
                 let mut priority = Vec::new();
                 if flags & FLAG_PRIORITY != 0 {
                     if p.len() < 5 {
-                        return false;
+                        return Err(frame);
                     }
                     priority = p[..5].to_vec();
                     p = &p[5..];
                 }
                 if pad > p.len() {
-                    return false;
+                    return Err(frame);
                 }
                 let fragment = p[..p.len() - pad].to_vec();
                 let block = Block { stream, flags, priority, fragment, raw: frame };
@@ -195,11 +203,11 @@ impl<S> AuthorityFix<S> {
                 } else {
                     self.block = Some(block);
                 }
-                true
+                Ok(())
             }
             (TYPE_CONTINUATION, Some(block)) => {
                 if stream != block.stream || block.raw.len() + frame.len() > MAX_BLOCK {
-                    return false;
+                    return Err(frame);
                 }
                 block.fragment.extend_from_slice(payload);
                 block.raw.extend_from_slice(&frame);
@@ -208,23 +216,33 @@ impl<S> AuthorityFix<S> {
                         self.emit(b);
                     }
                 }
-                true
+                Ok(())
             }
             // Anything between a HEADERS frame and its last CONTINUATION is a protocol error
             // that hyper reports itself.
-            (_, Some(_)) => false,
+            (_, Some(_)) => Err(frame),
             (_, None) => {
                 self.out.extend_from_slice(&frame);
-                true
+                Ok(())
             }
         }
     }
 
-    /// Sends a complete header block: unchanged if nothing needs repair, else re-framed.
+    /// Sends a complete header block: unchanged if nothing needs repair, else re-framed. A
+    /// block whose `:authority` needs no repair ends parsing: the rest of the connection is read
+    /// straight into the caller's buffer, without a copy (see [`Authority::Valid`]).
     fn emit(&mut self, b: Block) {
-        let Some(new_block) = rewrite_block(&b.fragment) else {
-            self.out.extend_from_slice(&b.raw);
-            return;
+        let new_block = match inspect_block(&b.fragment) {
+            Authority::Repaired(new_block) => new_block,
+            Authority::Valid => {
+                self.out.extend_from_slice(&b.raw);
+                self.state = State::Passthrough;
+                return;
+            }
+            Authority::Unknown => {
+                self.out.extend_from_slice(&b.raw);
+                return;
+            }
         };
         let mut flags = b.flags & (FLAG_END_STREAM | FLAG_PRIORITY);
         let first_room = MAX_OUT_FRAME - b.priority.len();
@@ -392,11 +410,38 @@ fn repaired_authority(value: &[u8]) -> Option<&[u8]> {
     Some(rest.strip_suffix(b"/").unwrap_or(rest))
 }
 
+/// What a header block says about the connection's `:authority`.
+#[derive(Debug, PartialEq, Eq)]
+enum Authority {
+    /// A URL-valued `:authority` literal was repaired: the block to send instead.
+    Repaired(Vec<u8>),
+    /// An `:authority` literal that needs no repair. A gRPC client uses one authority per
+    /// connection, so nothing later on this connection needs repair either.
+    Valid,
+    /// No `:authority` literal (an indexed one, or none), or the block could not be parsed
+    /// (hyper then judges it): sent unchanged.
+    Unknown,
+}
+
 /// Returns the header block with any URL-valued `:authority` literal repaired, or `None` if
 /// nothing needed repair (or the block could not be parsed; hyper then judges it).
+#[cfg(test)]
 fn rewrite_block(block: &[u8]) -> Option<Vec<u8>> {
+    match inspect_block(block) {
+        Authority::Repaired(b) => Some(b),
+        Authority::Valid | Authority::Unknown => None,
+    }
+}
+
+/// Parses a header block's fields (see [`Authority`]).
+fn inspect_block(block: &[u8]) -> Authority {
+    inspect(block).unwrap_or(Authority::Unknown)
+}
+
+fn inspect(block: &[u8]) -> Option<Authority> {
     let mut out = Vec::with_capacity(block.len());
     let mut changed = false;
+    let mut valid = false;
     let mut pos = 0;
     while pos < block.len() {
         let b = block[pos];
@@ -434,11 +479,20 @@ fn rewrite_block(block: &[u8]) -> Option<Vec<u8>> {
                 out.extend_from_slice(fixed);
                 changed = true;
             }
-            None => out.extend_from_slice(&block[pos..end]),
+            None => {
+                valid |= is_authority;
+                out.extend_from_slice(&block[pos..end]);
+            }
         }
         pos = end;
     }
-    changed.then_some(out)
+    Some(if changed {
+        Authority::Repaired(out)
+    } else if valid {
+        Authority::Valid
+    } else {
+        Authority::Unknown
+    })
 }
 
 /// HPACK's Huffman code lengths, by symbol (0-255, then 256 = EOS), from RFC 7541 Appendix B.
@@ -675,6 +729,90 @@ mod tests {
         assert_eq!(through(b"GET / HTTP/1.1\r\n\r\n").await, b"GET / HTTP/1.1\r\n\r\n");
         let cut = &clean[..clean.len() - 3];
         assert_eq!(through(cut).await, cut);
+    }
+
+    /// A connection whose first header block carries a valid `:authority` is passed through
+    /// from then on (issue 22: no parsing or copying once the client is known to be fine): even
+    /// a later URL authority, which a gRPC client never sends on the same connection, is left
+    /// for hyper to judge.
+    #[tokio::test]
+    async fn a_valid_authority_ends_parsing_for_the_connection() {
+        let mut input = PREFACE.to_vec();
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, &block("127.0.0.1:2379")));
+        input.extend(frame(0x0, 0, b"data"));
+        input.extend(frame(TYPE_HEADERS, FLAG_END_HEADERS, &block("http://127.0.0.1:2379")));
+        assert_eq!(through(&input).await, input);
+        let first = PREFACE.len() + frame(TYPE_HEADERS, 0, &block("127.0.0.1:2379")).len();
+        let mut fix = AuthorityFix::new(&input[..first]);
+        let mut out = Vec::new();
+        fix.read_to_end(&mut out).await.unwrap();
+        assert_eq!(fix.state, State::Passthrough);
+    }
+
+    /// A reader that returns at most `chunk` bytes per read, so frames arrive split anywhere.
+    struct Chunked<'a> {
+        data: &'a [u8],
+        chunk: usize,
+    }
+
+    impl AsyncRead for Chunked<'_> {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            let n = self.data.len().min(self.chunk).min(buf.remaining());
+            let (head, tail) = self.data.split_at(n);
+            buf.put_slice(head);
+            self.data = tail;
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    /// One arbitrary frame: any type (HEADERS and CONTINUATION included), flags and stream, and
+    /// a payload of bytes that spell no URL.
+    fn arb_frame() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        (0u8..12, any::<u8>(), any::<[u8; 4]>(), proptest::collection::vec(any::<u8>(), 0..300))
+            .prop_map(|(ty, flags, stream, payload)| {
+                let mut out = Vec::new();
+                push_frame(&mut out, ty, flags, stream, &payload);
+                out
+            })
+    }
+
+    proptest::proptest! {
+        /// Issue 22, item 3: bytes with no URL-valued `:authority` come out exactly as they went
+        /// in, however they are framed (arbitrary frame sequences after the preface, with or
+        /// without well-formed header blocks, or no preface at all, or cut short) and however
+        /// the reads split them.
+        #[test]
+        fn bytes_without_a_url_authority_pass_through_unchanged(
+            preface in proptest::bool::weighted(0.9),
+            blocks in proptest::collection::vec(
+                proptest::prop_oneof![
+                    arb_frame(),
+                    proptest::strategy::Just(frame(TYPE_HEADERS, FLAG_END_HEADERS, &block("10.0.0.1:2379"))),
+                ],
+                0..12,
+            ),
+            cut in 0usize..64,
+            chunk in 1usize..5000,
+        ) {
+            let mut input = if preface { PREFACE.to_vec() } else { Vec::new() };
+            for b in &blocks {
+                input.extend_from_slice(b);
+            }
+            input.truncate(input.len().saturating_sub(cut));
+            proptest::prop_assume!(!input.windows(7).any(|w| w == b"http://"));
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let out = rt.block_on(async {
+                let mut out = Vec::new();
+                AuthorityFix::new(Chunked { data: &input, chunk }).read_to_end(&mut out).await.unwrap();
+                out
+            });
+            proptest::prop_assert_eq!(out, input);
+        }
     }
 
     /// Issue 19, Medium 10. Seen failing on 5c13469: a frame header announcing 1 MiB was held

@@ -1,0 +1,7 @@
+//! Transport below the gRPC services: what the client listener does to bytes before hyper and
+//! tonic see them. TLS configuration lives beside it in `crate::tls`.
+//!
+//! - [`authority`]: repairs the URL-valued HTTP/2 `:authority` etcdctl 3.4 sends on its
+//!   per-endpoint calls, which hyper would otherwise refuse; every other byte passes through.
+
+pub mod authority;
