@@ -22,10 +22,11 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
 use crate::api::cluster::{request_gate, ClusterService};
-use crate::api::concurrency::{ElectionService, LockService};
 use crate::api::kv::KvService;
 use crate::api::lease::{LeaseLeader, LeaseRelayTarget, LeaseService};
 use crate::api::maintenance::MaintenanceService;
+use crate::api::v3election::ElectionService;
+use crate::api::v3lock::LockService;
 use crate::api::watch::WatchService;
 use crate::api::Ctx;
 use crate::config::{Config, ConfigError};

@@ -3,7 +3,7 @@
 //!
 //! Writes carry the auth revision their request was checked at (a per-request [`CtxBackend`],
 //! or `Ctx::guard` for FencedTxn), and reads are judged after their read barrier (issue 19): see
-//! `api::concurrency`.
+//! `api::v3lock` and `api::ctx_backend`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +21,7 @@ use picket_proto::picket::v1::{
 };
 use tonic::{Request, Response, Status};
 
-use super::concurrency::CtxBackend;
+use super::ctx_backend::CtxBackend;
 use super::status::{concurrency_status, mvcc_status};
 use super::{unexpected, Ctx};
 use crate::concurrency::mutex::{self, TryLock};

@@ -6,7 +6,7 @@
 pub mod auth;
 pub mod cluster;
 pub mod compact_steps;
-pub mod concurrency;
+pub mod ctx_backend;
 pub mod kv;
 pub mod lease;
 pub mod locks;
@@ -14,6 +14,8 @@ pub mod maintenance;
 pub mod queue;
 pub mod status;
 pub mod subscription;
+pub mod v3election;
+pub mod v3lock;
 pub mod watch;
 
 use std::sync::Arc;

@@ -16,7 +16,7 @@ use picket_proto::picket::v1::{
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
-use super::concurrency::CtxBackend;
+use super::ctx_backend::CtxBackend;
 use super::Ctx;
 use crate::auth::{KeyRange, Need};
 use crate::queue::{self, ops, QueueError};

@@ -1,0 +1,99 @@
+//! [`CtxBackend`]: the store as one request's locks, elections or queue operations see it.
+//! [`crate::concurrency`] and [`crate::queue`] run on this member's own KV path through it (never
+//! by dialing our own endpoint); `v3lock.rs`, `v3election.rs`, `locks.rs` and `queue.rs` build one
+//! per request.
+//!
+//! A [`CtxBackend`] is built per request from what `Ctx::authorize` returned for it, and every
+//! write it proposes (the contender txn, unlock, proclaim, resign, an implicit lease grant)
+//! carries that auth revision, as a KV Put does (`Ctx::guard`): apply refuses it if auth changed
+//! after the check, including "auth looked off on a member that had not applied AuthEnable yet"
+//! (issue 19). The one write a request makes after an unbounded wait, a waiter's clean-up
+//! delete, is judged again first (`Backend::for_cleanup`).
+
+use std::sync::Arc;
+
+use picket_proto::etcdserverpb::{
+    LeaseGrantRequest, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
+};
+use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use tokio::sync::broadcast;
+use tonic::metadata::MetadataMap;
+use tonic::Status;
+
+use super::{unexpected, Ctx};
+use crate::concurrency::Backend;
+use crate::storage::state_machine::FeedItem;
+
+/// TTL of the lease Picket grants for a Lock or Campaign that names no lease. etcd keeps such a
+/// server-made session lease alive forever (a leak); Picket grants etcd's default session TTL and
+/// does not renew it, so the lock or leadership ends on its own after at most this long.
+const IMPLICIT_LEASE_TTL: i64 = 60;
+
+/// The store as one request's locks, elections or queue operations see it: this member's own
+/// replicated KV path, writing as judged at the auth revision the request was checked at.
+#[derive(Clone)]
+pub struct CtxBackend {
+    ctx: Arc<Ctx>,
+    /// What `Ctx::authorize` returned for the request: every write proposed through this
+    /// backend carries it (`Ctx::guard`).
+    checked: Option<u64>,
+    /// The request's metadata (its token), to judge a clean-up write again.
+    meta: Arc<MetadataMap>,
+}
+
+impl Backend for CtxBackend {
+    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, Status> {
+        super::kv::txn(&self.ctx, self.checked, req).await
+    }
+
+    async fn range(&self, req: RangeRequest) -> Result<RangeResponse, Status> {
+        super::kv::range(&self.ctx, req).await
+    }
+
+    fn subscribe(&self) -> broadcast::Receiver<FeedItem> {
+        self.ctx.sm.subscribe()
+    }
+
+    async fn for_cleanup(&self, key: &[u8]) -> Result<Self, Status> {
+        // The caller's permission to delete its own key, as Unlock would judge it now. If auth
+        // was enabled while it waited and it has no token, this fails and the key stays until
+        // its lease expires (the caller would not be allowed to delete it by Unlock either).
+        let checked = self.ctx.authorize(&self.meta, &[super::auth::write_key(key)]).await?;
+        Ok(Self { checked, ..self.clone() })
+    }
+}
+
+impl CtxBackend {
+    /// The backend for one request, whose metadata `meta` `Ctx::authorize` judged, returning
+    /// `checked`. `None` (nothing judged) proposes writes unwrapped: only for requests that only
+    /// read (Leader, Observe, WatchHold, Inspect).
+    pub fn new(ctx: Arc<Ctx>, meta: &MetadataMap, checked: Option<u64>) -> Self {
+        Self { ctx, checked, meta: Arc::new(meta.clone()) }
+    }
+
+    /// Judges `meta` for `needs` and returns the backend for the request (see [`Self::new`]).
+    pub async fn authorize(
+        ctx: &Arc<Ctx>,
+        meta: &MetadataMap,
+        needs: &[crate::auth::Need],
+    ) -> Result<Self, Status> {
+        let checked = ctx.authorize(meta, needs).await?;
+        Ok(Self::new(ctx.clone(), meta, checked))
+    }
+
+    pub fn ctx(&self) -> &Ctx {
+        &self.ctx
+    }
+
+    pub(super) async fn lease_or_implicit(&self, lease: i64) -> Result<i64, Status> {
+        if lease != 0 {
+            return Ok(lease);
+        }
+        let id = super::lease::random_lease_id();
+        let grant = LeaseGrantRequest { ttl: IMPLICIT_LEASE_TTL, id };
+        match self.ctx.propose(super::lease::grant_command(self.checked, grant)).await? {
+            CmdResult::LeaseGrant(r) => Ok(r.id),
+            _ => Err(unexpected("implicit lease grant")),
+        }
+    }
+}
