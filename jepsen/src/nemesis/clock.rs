@@ -42,8 +42,7 @@ use rand::Rng;
 use serde_json::json;
 
 use super::{
-    between, FaultContext, FaultError, FaultEvent, FaultFuture, Faults, Injected, Nemesis,
-    NodeState,
+    between, FaultContext, FaultError, FaultEvent, Faults, Injected, NodeState, SyncNemesis,
 };
 
 /// The multi-threaded build of libfaketime (picketd is multi-threaded), found through Debian's
@@ -198,7 +197,7 @@ impl ClockNemesis {
     }
 }
 
-impl Nemesis for ClockNemesis {
+impl SyncNemesis for ClockNemesis {
     fn name(&self) -> &'static str {
         match self.skew {
             Skew::Wall => "clock",
@@ -206,19 +205,17 @@ impl Nemesis for ClockNemesis {
         }
     }
 
-    fn inject<'a>(
-        &'a mut self,
-        env: &'a mut dyn Faults,
-        ctx: &'a FaultContext,
-        rng: &'a mut StdRng,
-    ) -> FaultFuture<'a, Option<Injected>> {
-        let r = self.skew(env, ctx, rng);
-        Box::pin(std::future::ready(r))
+    fn inject_now(
+        &mut self,
+        env: &mut dyn Faults,
+        ctx: &FaultContext,
+        rng: &mut StdRng,
+    ) -> Result<Option<Injected>, FaultError> {
+        self.skew(env, ctx, rng)
     }
 
-    fn heal<'a>(&'a mut self, env: &'a mut dyn Faults) -> FaultFuture<'a, Vec<FaultEvent>> {
-        let r = self.unskew(env);
-        Box::pin(std::future::ready(r))
+    fn heal_now(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
+        self.unskew(env)
     }
 }
 

@@ -9,7 +9,9 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 
 use super::process::{self, ProcessFault};
-use super::{FaultContext, FaultEvent, FaultFuture, Faults, Injected, Nemesis, NodeState, Targets};
+use super::{
+    FaultContext, FaultError, FaultEvent, Faults, Injected, NodeState, SyncNemesis, Targets,
+};
 
 /// How long killed nodes stay down: long enough for the survivors to notice (an election
 /// timeout is 1-2 s by default) and to move on, short enough to leave time for more faults.
@@ -36,24 +38,22 @@ pub struct KillNemesis {
     down: Vec<usize>,
 }
 
-impl Nemesis for KillNemesis {
+impl SyncNemesis for KillNemesis {
     fn name(&self) -> &'static str {
         "kill"
     }
 
-    fn inject<'a>(
-        &'a mut self,
-        env: &'a mut dyn Faults,
-        ctx: &'a FaultContext,
-        rng: &'a mut StdRng,
-    ) -> FaultFuture<'a, Option<Injected>> {
-        let r = KILL.inject(env, ctx, rng, &mut self.down);
-        Box::pin(std::future::ready(r))
+    fn inject_now(
+        &mut self,
+        env: &mut dyn Faults,
+        ctx: &FaultContext,
+        rng: &mut StdRng,
+    ) -> Result<Option<Injected>, FaultError> {
+        KILL.inject(env, ctx, rng, &mut self.down)
     }
 
-    fn heal<'a>(&'a mut self, env: &'a mut dyn Faults) -> FaultFuture<'a, Vec<FaultEvent>> {
+    fn heal_now(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
         let down = std::mem::take(&mut self.down);
-        let r = process::undo(env, down, NodeState::Down, |env, i| env.restart(i), "restart");
-        Box::pin(std::future::ready(r))
+        process::undo(env, down, NodeState::Down, |env, i| env.restart(i), "restart")
     }
 }

@@ -170,6 +170,49 @@ pub trait Nemesis: Send {
     }
 }
 
+/// A nemesis whose faults are applied and undone at once (signals, iptables rules, faketime
+/// files), with nothing to wait on: it implements this, and [`Nemesis`] follows. Only nemeses
+/// that talk to the cluster (`member`, `admin`) implement [`Nemesis`] themselves.
+pub trait SyncNemesis: Send {
+    fn name(&self) -> &'static str;
+    /// See [`Nemesis::inject`].
+    fn inject_now(
+        &mut self,
+        env: &mut dyn Faults,
+        ctx: &FaultContext,
+        rng: &mut StdRng,
+    ) -> Result<Option<Injected>, FaultError>;
+    /// See [`Nemesis::heal`].
+    fn heal_now(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError>;
+    /// See [`Nemesis::node_args`].
+    fn node_args(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+impl<T: SyncNemesis> Nemesis for T {
+    fn name(&self) -> &'static str {
+        SyncNemesis::name(self)
+    }
+
+    fn inject<'a>(
+        &'a mut self,
+        env: &'a mut dyn Faults,
+        ctx: &'a FaultContext,
+        rng: &'a mut StdRng,
+    ) -> FaultFuture<'a, Option<Injected>> {
+        Box::pin(std::future::ready(self.inject_now(env, ctx, rng)))
+    }
+
+    fn heal<'a>(&'a mut self, env: &'a mut dyn Faults) -> FaultFuture<'a, Vec<FaultEvent>> {
+        Box::pin(std::future::ready(self.heal_now(env)))
+    }
+
+    fn node_args(&self) -> Vec<String> {
+        SyncNemesis::node_args(self)
+    }
+}
+
 /// Builds the nemeses named on the command line (`kill`, `pause`, `partition`, `member`,
 /// `admin`, `clock`, `clock-rate`, `snapshot-lag`; `none` for no faults). `workload` decides whether `admin` may compact:
 /// the lock and lease checkers need the key-event log from revision 1.

@@ -30,9 +30,7 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use serde_json::json;
 
-use super::{
-    between, names, FaultContext, FaultError, FaultEvent, FaultFuture, Faults, Injected, Nemesis,
-};
+use super::{between, names, FaultContext, FaultError, FaultEvent, Faults, Injected, SyncNemesis};
 
 const HOLD_MIN: Duration = Duration::from_secs(5);
 const HOLD_MAX: Duration = Duration::from_secs(10);
@@ -136,7 +134,11 @@ pub struct PartitionNemesis {
     active: bool,
 }
 
-impl PartitionNemesis {
+impl SyncNemesis for PartitionNemesis {
+    fn name(&self) -> &'static str {
+        "partition"
+    }
+
     fn inject_now(
         &mut self,
         env: &mut dyn Faults,
@@ -180,27 +182,6 @@ impl PartitionNemesis {
         env.heal_network()?;
         self.active = false;
         Ok(vec![FaultEvent { f: "heal-network".to_string(), value: json!({"rules": "flushed"}) }])
-    }
-}
-
-impl Nemesis for PartitionNemesis {
-    fn name(&self) -> &'static str {
-        "partition"
-    }
-
-    fn inject<'a>(
-        &'a mut self,
-        env: &'a mut dyn Faults,
-        ctx: &'a FaultContext,
-        rng: &'a mut StdRng,
-    ) -> FaultFuture<'a, Option<Injected>> {
-        let r = self.inject_now(env, ctx, rng);
-        Box::pin(std::future::ready(r))
-    }
-
-    fn heal<'a>(&'a mut self, env: &'a mut dyn Faults) -> FaultFuture<'a, Vec<FaultEvent>> {
-        let r = self.heal_now(env);
-        Box::pin(std::future::ready(r))
     }
 }
 

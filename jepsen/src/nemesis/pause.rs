@@ -10,7 +10,9 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 
 use super::process::{self, ProcessFault};
-use super::{FaultContext, FaultEvent, FaultFuture, Faults, Injected, Nemesis, NodeState, Targets};
+use super::{
+    FaultContext, FaultError, FaultEvent, Faults, Injected, NodeState, SyncNemesis, Targets,
+};
 
 /// Pause length: from past one maximal election timeout (2 s) to several.
 const PAUSE_MIN: Duration = Duration::from_millis(2500);
@@ -29,24 +31,22 @@ pub struct PauseNemesis {
     paused: Vec<usize>,
 }
 
-impl Nemesis for PauseNemesis {
+impl SyncNemesis for PauseNemesis {
     fn name(&self) -> &'static str {
         "pause"
     }
 
-    fn inject<'a>(
-        &'a mut self,
-        env: &'a mut dyn Faults,
-        ctx: &'a FaultContext,
-        rng: &'a mut StdRng,
-    ) -> FaultFuture<'a, Option<Injected>> {
-        let r = PAUSE.inject(env, ctx, rng, &mut self.paused);
-        Box::pin(std::future::ready(r))
+    fn inject_now(
+        &mut self,
+        env: &mut dyn Faults,
+        ctx: &FaultContext,
+        rng: &mut StdRng,
+    ) -> Result<Option<Injected>, FaultError> {
+        PAUSE.inject(env, ctx, rng, &mut self.paused)
     }
 
-    fn heal<'a>(&'a mut self, env: &'a mut dyn Faults) -> FaultFuture<'a, Vec<FaultEvent>> {
+    fn heal_now(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
         let paused = std::mem::take(&mut self.paused);
-        let r = process::undo(env, paused, NodeState::Paused, |env, i| env.resume(i), "resume");
-        Box::pin(std::future::ready(r))
+        process::undo(env, paused, NodeState::Paused, |env, i| env.resume(i), "resume")
     }
 }

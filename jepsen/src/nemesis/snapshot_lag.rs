@@ -27,8 +27,7 @@ use serde_json::json;
 
 use super::partition::links_between_groups;
 use super::{
-    between, names, FaultContext, FaultError, FaultEvent, FaultFuture, Faults, Injected, Nemesis,
-    NodeState,
+    between, names, FaultContext, FaultError, FaultEvent, Faults, Injected, NodeState, SyncNemesis,
 };
 
 /// `--snapshot-count` for every node: small, so a few seconds of absence outruns the kept log.
@@ -53,7 +52,15 @@ pub struct SnapshotLagNemesis {
     active: Option<(usize, How)>,
 }
 
-impl SnapshotLagNemesis {
+impl SyncNemesis for SnapshotLagNemesis {
+    fn name(&self) -> &'static str {
+        "snapshot-lag"
+    }
+
+    fn node_args(&self) -> Vec<String> {
+        vec!["--snapshot-count".to_string(), SNAPSHOT_COUNT.to_string()]
+    }
+
     fn inject_now(
         &mut self,
         env: &mut dyn Faults,
@@ -132,30 +139,5 @@ impl SnapshotLagNemesis {
                 }])
             }
         }
-    }
-}
-
-impl Nemesis for SnapshotLagNemesis {
-    fn name(&self) -> &'static str {
-        "snapshot-lag"
-    }
-
-    fn inject<'a>(
-        &'a mut self,
-        env: &'a mut dyn Faults,
-        ctx: &'a FaultContext,
-        rng: &'a mut StdRng,
-    ) -> FaultFuture<'a, Option<Injected>> {
-        let r = self.inject_now(env, ctx, rng);
-        Box::pin(std::future::ready(r))
-    }
-
-    fn heal<'a>(&'a mut self, env: &'a mut dyn Faults) -> FaultFuture<'a, Vec<FaultEvent>> {
-        let r = self.heal_now(env);
-        Box::pin(std::future::ready(r))
-    }
-
-    fn node_args(&self) -> Vec<String> {
-        vec!["--snapshot-count".to_string(), SNAPSHOT_COUNT.to_string()]
     }
 }
