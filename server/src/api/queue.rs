@@ -1,4 +1,5 @@
-//! `picket.v1.Queue`: validation and status mapping around [`crate::queue`], which runs on this
+//! `picket.v1.Queue`: authorization and status mapping around [`crate::queue`] (requests are
+//! validated by [`crate::queue::validate`], one function per RPC), which runs on this
 //! member's own KV path through [`CtxBackend`] (never by dialing our own endpoint). The member
 //! serving a request reads its wall clock here, outside apply (see the clock argument in
 //! [`crate::queue`]).
@@ -19,7 +20,7 @@ use tonic::{Code, Request, Response, Status};
 use super::ctx_backend::CtxBackend;
 use super::Ctx;
 use crate::auth::{KeyRange, Need};
-use crate::queue::{self, ops, QueueError};
+use crate::queue::{self, ops, validate, QueueError};
 
 /// Dead letters listed when the request names no limit.
 const DEFAULT_DEAD_LIST: u32 = 100;
@@ -41,6 +42,13 @@ fn new_job_id() -> String {
     format!("{:016x}", rand::random::<u64>())
 }
 
+/// Maps a queue error to its status: the one table for `picket.v1.Queue`, so handlers use `?`.
+impl From<QueueError> for Status {
+    fn from(e: QueueError) -> Self {
+        queue_status(&e)
+    }
+}
+
 /// Maps a queue error to its status.
 pub fn queue_status(e: &QueueError) -> Status {
     match e {
@@ -51,19 +59,6 @@ pub fn queue_status(e: &QueueError) -> Status {
         QueueError::Corrupt { .. } => Status::internal(e.to_string()),
         QueueError::Contended(_) => Status::new(Code::Aborted, e.to_string()),
     }
-}
-
-fn check(r: Result<(), QueueError>) -> Result<(), Status> {
-    r.map_err(|e| queue_status(&e))
-}
-
-fn require_lease(lease: i64) -> Result<(), Status> {
-    if lease <= 0 {
-        return Err(Status::invalid_argument(
-            "picket: a claim needs the worker's lease (a positive lease id): grant one and keep it alive, so a crashed worker's job is claimable again",
-        ));
-    }
-    Ok(())
 }
 
 pub struct QueueService {
@@ -117,23 +112,7 @@ impl Queue for QueueService {
         let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
         self.ctx().check_size(&req)?;
-        check(queue::validate_queue(&req.queue))?;
-        check(queue::validate_ms("delay_ms", req.delay_ms))?;
-        check(queue::validate_ms("backoff_ms", req.backoff_ms))?;
-        if req.dedup_id.len() > queue::MAX_DEDUP_ID {
-            return Err(Status::invalid_argument(format!(
-                "picket: dedup_id is {} bytes, the limit is {}",
-                req.dedup_id.len(),
-                queue::MAX_DEDUP_ID
-            )));
-        }
-        if req.max_attempts > queue::MAX_MAX_ATTEMPTS {
-            return Err(Status::invalid_argument(format!(
-                "picket: max_attempts is {}, the limit is {}",
-                req.max_attempts,
-                queue::MAX_MAX_ATTEMPTS
-            )));
-        }
+        validate::enqueue(&req)?;
         let now = now_ms();
         let record = QueueJobRecord {
             payload: req.payload,
@@ -152,9 +131,7 @@ impl Queue for QueueService {
             enqueued_at_ms: now,
         };
         let job = ops::NewJob { record, delay_ms: req.delay_ms };
-        let out = ops::enqueue(&backend, &req.queue, job, now, new_job_id)
-            .await
-            .map_err(|e| queue_status(&e))?;
+        let out = ops::enqueue(&backend, &req.queue, job, now, new_job_id).await?;
         tracing::debug!(queue = %req.queue, job = %out.id, revision = out.revision, duplicate = out.duplicate, "enqueued");
         Ok(Response::new(EnqueueResponse {
             header: self.header(0),
@@ -168,19 +145,7 @@ impl Queue for QueueService {
     async fn claim(&self, req: Request<ClaimRequest>) -> Result<Response<ClaimResponse>, Status> {
         let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
-        check(queue::validate_queue(&req.queue))?;
-        require_lease(req.lease)?;
-        check(queue::validate_ms("visibility_timeout_ms", req.visibility_timeout_ms))?;
-        if req.request_id.len() > queue::MAX_DEDUP_ID {
-            return Err(Status::invalid_argument(format!(
-                "picket: request_id is {} bytes, the limit is {}",
-                req.request_id.len(),
-                queue::MAX_DEDUP_ID
-            )));
-        }
-        if let Some(w) = req.wait_timeout_ms {
-            check(queue::validate_ms("wait_timeout_ms", w))?;
-        }
+        validate::claim(&req)?;
         // Without a wait limit the call waits until a job is ready; tonic drops this future when
         // the client's gRPC deadline passes or it disconnects, and an unfinished claim leaves
         // nothing behind (the claim Txn is the last step and either committed or did not run).
@@ -194,8 +159,7 @@ impl Queue for QueueService {
             wait,
             now_ms,
         )
-        .await
-        .map_err(|e| queue_status(&e))?;
+        .await?;
         if let Some(j) = &job {
             tracing::debug!(queue = %req.queue, job = %j.job_id, revision = j.token, attempt = j.attempt, "claimed");
         }
@@ -207,11 +171,8 @@ impl Queue for QueueService {
     async fn ack(&self, req: Request<AckJobRequest>) -> Result<Response<AckJobResponse>, Status> {
         let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
-        check(queue::validate_queue(&req.queue))?;
-        check(queue::validate_job_id(&req.job_id))?;
-        let rev = ops::ack(&backend, &req.queue, &req.job_id, req.token)
-            .await
-            .map_err(|e| queue_status(&e))?;
+        validate::ack(&req)?;
+        let rev = ops::ack(&backend, &req.queue, &req.job_id, req.token).await?;
         Ok(Response::new(AckJobResponse { header: self.header(rev) }))
     }
 
@@ -222,25 +183,10 @@ impl Queue for QueueService {
     ) -> Result<Response<NackJobResponse>, Status> {
         let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
-        check(queue::validate_queue(&req.queue))?;
-        check(queue::validate_job_id(&req.job_id))?;
-        if let Some(d) = req.delay_ms {
-            check(queue::validate_ms("delay_ms", d))?;
-        }
-        let mut error = req.error;
-        if error.len() > queue::MAX_ERROR_TEXT {
-            // Keep the head of a long error text rather than refusing the nack: the job must go
-            // back either way. Cut at a char boundary.
-            let mut cut = queue::MAX_ERROR_TEXT;
-            while !error.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            error.truncate(cut);
-        }
+        let error = validate::nack(&req)?;
         let out =
             ops::nack(&backend, &req.queue, &req.job_id, req.token, req.delay_ms, &error, now_ms())
-                .await
-                .map_err(|e| queue_status(&e))?;
+                .await?;
         Ok(Response::new(NackJobResponse {
             header: self.header(out.revision),
             dead_lettered: out.dead_lettered,
@@ -255,9 +201,7 @@ impl Queue for QueueService {
     ) -> Result<Response<ExtendClaimResponse>, Status> {
         let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
-        check(queue::validate_queue(&req.queue))?;
-        check(queue::validate_job_id(&req.job_id))?;
-        check(queue::validate_ms("visibility_timeout_ms", req.visibility_timeout_ms))?;
+        validate::extend(&req)?;
         let (deadline_ms, rev) = ops::extend(
             &backend,
             &req.queue,
@@ -266,8 +210,7 @@ impl Queue for QueueService {
             req.visibility_timeout_ms,
             now_ms(),
         )
-        .await
-        .map_err(|e| queue_status(&e))?;
+        .await?;
         Ok(Response::new(ExtendClaimResponse { header: self.header(rev), deadline_ms }))
     }
 
@@ -277,14 +220,13 @@ impl Queue for QueueService {
         req: Request<QueueInspectRequest>,
     ) -> Result<Response<QueueInspectResponse>, Status> {
         let (meta, _, req) = req.into_parts();
-        check(queue::validate_queue(&req.queue))?;
-        check_list_limit(req.limit)?;
+        validate::inspect(&req)?;
         // Read first (its read barrier brings this member's auth store up to the request), then
         // judge, then answer (issue 19): a refused caller learns nothing of the read.
         let reader = CtxBackend::new(self.ctx.clone(), &meta, None);
         let read = ops::inspect(&reader, &req.queue, req.limit as usize, now_ms()).await;
         self.backend(&meta, &req.queue, false).await?;
-        let out = read.map_err(|e| queue_status(&e))?;
+        let out = read?;
         Ok(Response::new(QueueInspectResponse {
             header: self.header(out.revision),
             ready: out.ready,
@@ -301,14 +243,13 @@ impl Queue for QueueService {
         req: Request<DeadLettersRequest>,
     ) -> Result<Response<DeadLettersResponse>, Status> {
         let (meta, _, req) = req.into_parts();
-        check(queue::validate_queue(&req.queue))?;
-        check_list_limit(req.limit)?;
+        validate::dead_letters(&req)?;
         let limit = if req.limit == 0 { DEFAULT_DEAD_LIST } else { req.limit };
         // Read, then judge, as Inspect does.
         let reader = CtxBackend::new(self.ctx.clone(), &meta, None);
         let read = ops::dead_letters(&reader, &req.queue, limit as usize).await;
         self.backend(&meta, &req.queue, false).await?;
-        let (dead, count, rev) = read.map_err(|e| queue_status(&e))?;
+        let (dead, count, rev) = read?;
         let jobs = dead
             .into_iter()
             .map(|d| QueueDeadLetter { job: Some(d.info), payload: d.payload, reason: d.reason })
@@ -323,22 +264,8 @@ impl Queue for QueueService {
     ) -> Result<Response<RequeueJobResponse>, Status> {
         let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
-        check(queue::validate_queue(&req.queue))?;
-        check(queue::validate_job_id(&req.job_id))?;
-        let rev = ops::requeue(&backend, &req.queue, &req.job_id, now_ms())
-            .await
-            .map_err(|e| queue_status(&e))?;
+        validate::requeue(&req)?;
+        let rev = ops::requeue(&backend, &req.queue, &req.job_id, now_ms()).await?;
         Ok(Response::new(RequeueJobResponse { header: self.header(rev) }))
     }
-}
-
-/// Refuses a listing limit above [`queue::MAX_LIST`] (Inspect, DeadLetters).
-fn check_list_limit(limit: u32) -> Result<(), Status> {
-    if limit > queue::MAX_LIST {
-        return Err(Status::invalid_argument(format!(
-            "picket: limit is {limit}, the limit is {}",
-            queue::MAX_LIST
-        )));
-    }
-    Ok(())
 }

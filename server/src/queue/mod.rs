@@ -63,8 +63,10 @@
 pub mod keys;
 pub mod ops;
 pub mod txns;
+pub mod validate;
 
 pub use crate::concurrency::Backend;
+pub use validate::{validate_job_id, validate_ms, validate_queue};
 
 use thiserror::Error;
 
@@ -143,51 +145,6 @@ fn stale_text(queue: &str, job: &str, token: i64, current: Option<i64>, exists: 
     };
     // "fencing token" is the phrase clients match to report a fenced-out request.
     format!("picket: fencing token {token} of job {job} in queue {queue:?} is stale: {why}")
-}
-
-/// Checks a queue name: 1 to [`MAX_QUEUE_NAME`] characters from `[A-Za-z0-9._:-]`, so names
-/// never contain the key separator `/`.
-pub fn validate_queue(name: &str) -> Result<(), QueueError> {
-    if name.is_empty() {
-        return Err(QueueError::InvalidArgument("picket: queue name is empty".into()));
-    }
-    if name.len() > MAX_QUEUE_NAME {
-        return Err(QueueError::InvalidArgument(format!(
-            "picket: queue name is {} bytes, the limit is {MAX_QUEUE_NAME}",
-            name.len()
-        )));
-    }
-    if let Some(c) =
-        name.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | ':' | '-')))
-    {
-        return Err(QueueError::InvalidArgument(format!(
-            "picket: queue name {name:?} contains {c:?}; use letters, digits, '.', '_', ':' and '-'"
-        )));
-    }
-    Ok(())
-}
-
-/// Checks a job id: what Enqueue returns, 1 to 64 characters from `[0-9a-z]`.
-pub fn validate_job_id(id: &str) -> Result<(), QueueError> {
-    if id.is_empty()
-        || id.len() > 64
-        || !id.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_lowercase())
-    {
-        return Err(QueueError::InvalidArgument(format!(
-            "picket: job id {id:?} is not one Enqueue returns (1 to 64 characters of [0-9a-z])"
-        )));
-    }
-    Ok(())
-}
-
-/// Checks a duration field against [`MAX_DELAY_MS`].
-pub fn validate_ms(field: &str, ms: u64) -> Result<(), QueueError> {
-    if ms > MAX_DELAY_MS {
-        return Err(QueueError::InvalidArgument(format!(
-            "picket: {field} is {ms} ms, the limit is {MAX_DELAY_MS} ms (30 days)"
-        )));
-    }
-    Ok(())
 }
 
 /// The backoff before retry number `attempt + 1`: `base * 2^(attempt-1)`, capped at
