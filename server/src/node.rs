@@ -22,6 +22,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
 use crate::api::cluster::{request_gate, ClusterService};
+use crate::api::http::HttpState;
 use crate::api::kv::KvService;
 use crate::api::lease::{LeaseLeader, LeaseRelayTarget, LeaseService};
 use crate::api::maintenance::MaintenanceService;
@@ -31,7 +32,6 @@ use crate::api::watch::WatchService;
 use crate::api::Ctx;
 use crate::config::{Config, ConfigError};
 use crate::metrics::grpc::GrpcMetricsLayer;
-use crate::metrics::http::HttpState;
 use crate::metrics::{Metrics, MetricsError};
 use crate::raft::bootstrap;
 use crate::raft::identity::{self, IdentityError};
@@ -376,7 +376,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
             }
             Err(e) => tracing::warn!(error = %e, "metrics listener has no local address"),
         }
-        http_servers.spawn(crate::metrics::http::serve(l, http_state.clone(), stop_rx.clone()));
+        http_servers.spawn(crate::api::http::serve(l, http_state.clone(), stop_rx.clone()));
     }
     tokio::spawn(crate::metrics::raft::follow(metrics.clone(), raft.clone(), stop_rx.clone()));
     tokio::spawn(crate::api::lease::run_expiry(ctx.clone(), stop_rx.clone()));
@@ -386,7 +386,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     }
     metrics.set_quota(quota);
     metrics.set_request_limits(cfg.max_request_bytes, cfg.max_txn_ops);
-    tokio::spawn(crate::quota::run_monitor(ctx.clone(), quota, stop_rx.clone()));
+    tokio::spawn(crate::api::quota_monitor::run(ctx.clone(), quota, stop_rx.clone()));
     tokio::spawn(crate::raft::member_tasks::publish(
         control.clone(),
         cfg.name.clone(),

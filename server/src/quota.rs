@@ -27,7 +27,7 @@
 //! # Who raises and clears NOSPACE
 //!
 //! The size of a member's store is not deterministic (it depends on when RocksDB flushes and
-//! compacts), so the check runs outside apply: [`run_monitor`] on every member compares its own
+//! compacts), so the check runs outside apply: the monitor (`crate::api::quota_monitor`) on every member compares its own
 //! size with the quota about twice a second and proposes `Activate(self, NOSPACE)` when the
 //! size is over it, and `Deactivate(self, NOSPACE)` when its own NOSPACE alarm is active and the
 //! size fell below [`CLEAR_PERCENT`] of the quota (the margin keeps the alarm from flapping
@@ -50,7 +50,6 @@
 //! monitor tick plus one commit) are accepted.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use picket_proto::etcdserverpb::alarm_request::AlarmAction;
@@ -63,7 +62,6 @@ use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::{CommandError, RaftCommand};
 use prost::Message;
 use thiserror::Error;
-use tokio::sync::watch;
 
 use crate::mvcc::{ApplyBatch, MvccError};
 use crate::storage::engine::{Cf, Engine, ReadView};
@@ -75,7 +73,7 @@ pub const DEFAULT_QUOTA_BYTES: u64 = 2 * 1024 * 1024 * 1024;
 pub const MAX_SUGGESTED_QUOTA_BYTES: u64 = 8 * 1024 * 1024 * 1024;
 /// A member clears its own NOSPACE alarm once its store is below this share of the quota.
 pub const CLEAR_PERCENT: u64 = 90;
-/// How often [`run_monitor`] measures the store: a handful of RocksDB property reads.
+/// How often the monitor (`crate::api::quota_monitor`) measures the store: a handful of RocksDB property reads.
 pub const MONITOR_INTERVAL: Duration = Duration::from_millis(500);
 /// etcd's `ErrGRPCNoSpace` text, verbatim: etcd clients map errors by their message.
 pub const NOSPACE_MESSAGE: &str = "etcdserver: mvcc: database space exceeded";
@@ -113,6 +111,14 @@ pub fn effective_quota(flag: u64) -> u64 {
 
 /// Estimated (bytes on disk, bytes of live data) of the backend: table files plus memtables of
 /// every family in [`BACKEND_CFS`]. See the module docs.
+/// [`backend_sizes`] as the signed numbers `Maintenance.Status` and the metrics report (etcd:
+/// bbolt file size and bytes in use).
+pub fn db_sizes(engine: &RocksEngine) -> (i64, i64) {
+    let (total, live) = backend_sizes(engine);
+    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+    (clamp(total), clamp(live))
+}
+
 pub fn backend_sizes(engine: &RocksEngine) -> (u64, u64) {
     let db = engine.db();
     let prop = |cf: Cf, name: &rocksdb::properties::PropName| -> u64 {
@@ -257,8 +263,14 @@ pub fn check_propose(engine: &RocksEngine, cmd: &Cmd) -> Result<(), tonic::Statu
     Ok(())
 }
 
-/// What [`run_monitor`] should propose, given this member's size and alarms.
-fn decide(member_id: u64, size: u64, quota: u64, alarms: &AlarmSet) -> Option<AlarmAction> {
+/// What the quota monitor (`crate::api::quota_monitor`) should propose, given this member's
+/// size and alarms.
+pub(crate) fn decide(
+    member_id: u64,
+    size: u64,
+    quota: u64,
+    alarms: &AlarmSet,
+) -> Option<AlarmAction> {
     let mine = alarms.contains(&(member_id, AlarmType::Nospace as i32));
     if size > quota && !mine {
         Some(AlarmAction::Activate)
@@ -266,47 +278,6 @@ fn decide(member_id: u64, size: u64, quota: u64, alarms: &AlarmSet) -> Option<Al
         Some(AlarmAction::Deactivate)
     } else {
         None
-    }
-}
-
-/// Measures this member's store every [`MONITOR_INTERVAL`] and raises or clears its own NOSPACE
-/// alarm (see the module docs) until `stop` turns true.
-pub async fn run_monitor(ctx: Arc<crate::api::Ctx>, quota: u64, mut stop: watch::Receiver<bool>) {
-    let member_id = ctx.member_id;
-    let mut tick = tokio::time::interval(MONITOR_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.wait_for(|s| *s) => return,
-        }
-        let (size, _) = backend_sizes(ctx.sm.engine());
-        let alarms = match read_alarms(ctx.sm.engine()) {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(error = %e, "quota monitor cannot read the alarm set");
-                continue;
-            }
-        };
-        let Some(action) = decide(member_id, size, quota, &alarms) else { continue };
-        if action == AlarmAction::Activate {
-            tracing::warn!(
-                size,
-                quota,
-                "the store is over --quota-backend-bytes: raising the NOSPACE alarm, writes \
-                 that grow the store are refused until space is reclaimed (compact, then \
-                 defragment)"
-            );
-        } else {
-            tracing::info!(size, quota, "the store is below the quota again: clearing NOSPACE");
-        }
-        let req =
-            AlarmRequest { action: action as i32, member_id, alarm: AlarmType::Nospace as i32 };
-        // Retried on the next tick if it fails (no leader, timeout): activating an active alarm
-        // and deactivating an inactive one change nothing, so a duplicate is harmless.
-        if let Err(e) = ctx.propose(Cmd::Alarm(req)).await {
-            tracing::warn!(error = %e, "quota monitor could not propose the alarm change");
-        }
     }
 }
 

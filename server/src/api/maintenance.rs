@@ -47,7 +47,7 @@ const NO_LEADER: &str = "etcdserver: no leader";
 /// The command a client's alarm change judged at auth revision `checked` is proposed as:
 /// wrapped like every client write (issue 19), so one judged with auth off on a member that had
 /// not applied AuthEnable is refused after it. The quota monitor's own alarms carry no client
-/// and stay unwrapped (`crate::quota::run_monitor`).
+/// and stay unwrapped (`crate::api::quota_monitor`).
 pub(crate) fn alarm_command(checked: Option<u64>, req: AlarmRequest) -> Cmd {
     super::auth::guard_cmd(checked, Cmd::Alarm(req))
 }
@@ -73,16 +73,6 @@ impl MaintenanceService {
     fn engine(&self) -> RocksEngine {
         self.ctx.sm.engine().clone()
     }
-}
-
-/// Backend size estimates: (bytes on disk, bytes of live data) of the state machine's column
-/// families, table files and memtables (etcd: bbolt file size and bytes in use; the Raft log is
-/// excluded as etcd's WAL is). The quota compares the first with `--quota-backend-bytes`; see
-/// [`crate::quota::backend_sizes`].
-pub(crate) fn db_sizes(engine: &RocksEngine) -> (i64, i64) {
-    let (total, live) = crate::quota::backend_sizes(engine);
-    let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-    (clamp(total), clamp(live))
 }
 
 type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send>>;
@@ -150,7 +140,7 @@ impl Maintenance for MaintenanceService {
         for (member, alarm) in alarms {
             errors.push(format!("memberID:{member:x} alarm:{} ", crate::quota::alarm_name(alarm)));
         }
-        let (db_size, db_size_in_use) = db_sizes(self.ctx.sm.engine());
+        let (db_size, db_size_in_use) = crate::quota::db_sizes(self.ctx.sm.engine());
         Ok(Response::new(StatusResponse {
             header: Some(self.ctx.header(self.ctx.sm.revision())),
             version: VERSION.to_string(),

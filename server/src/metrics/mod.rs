@@ -6,7 +6,8 @@
 //! - [`grpc`]: a tower layer on the client-facing gRPC server that counts and times every call
 //!   per method (go-grpc-prometheus's `grpc_server_*` families, as etcd exports them).
 //! - [`raft`]: follows openraft's metrics watch channel (term, leader, log indexes).
-//! - [`http`]: `/metrics`, `/health`, `/readyz` and `/livez`.
+//! - `crate::api::http` serves `/metrics`, `/health`, `/readyz` and `/livez` (it reads through
+//!   the API layer's `Ctx`, so it lives there).
 //! - [`disk`]: WAL fsync and backend commit histograms the storage layer observes, and the
 //!   watcher gauges (`picket_debugging_mvcc_watcher_total`, `_slow_watcher_total`).
 //!
@@ -19,7 +20,6 @@
 
 pub mod disk;
 pub mod grpc;
-pub mod http;
 pub mod raft;
 
 use std::collections::HashSet;
@@ -357,7 +357,7 @@ impl Metrics {
 
     /// Refreshes the gauges that are read from the store at scrape time.
     pub fn observe_store(&self, sm: &Shared) {
-        let (total, in_use) = crate::api::maintenance::db_sizes(sm.engine());
+        let (total, in_use) = crate::quota::db_sizes(sm.engine());
         self.db_total_size.set(total);
         self.db_in_use_size.set(in_use);
         self.lease_active.set(i64::try_from(sm.with_leases(|l| l.len())).unwrap_or(i64::MAX));

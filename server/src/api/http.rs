@@ -20,8 +20,8 @@ use axum::Router;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use super::Metrics;
-use crate::api::Ctx;
+use super::Ctx;
+use crate::metrics::Metrics;
 use crate::raft::membership::ClusterControl;
 
 /// What the endpoints read.
