@@ -10,11 +10,20 @@ use parking_lot::RwLock;
 use picket_proto::mvccpb::Event;
 use tokio::sync::broadcast;
 
+use picket_proto::picket::storage::v1::LeaseRecord;
+use prost::Message;
+
+use super::engine::Cf;
 use super::rocks::RocksEngine;
 use super::snapshot::SnapshotFiles;
 use crate::lease::LeaseTable;
 use crate::mvcc::{MvccReader, MvccStore};
 use crate::raft::types::{LogId, StoredMembership};
+
+/// `Cf::Meta` key of the last applied log id, written in every apply batch.
+pub(super) const KEY_APPLIED: &[u8] = b"raft/last_applied";
+/// `Cf::Meta` key of the last applied membership, written in every apply batch.
+pub(super) const KEY_MEMBERSHIP: &[u8] = b"raft/membership";
 
 /// Events of one applied revision, published after the batch that produced them is written.
 #[derive(Debug, Clone)]
@@ -63,6 +72,33 @@ pub(super) struct Inner {
     pub(super) leases: LeaseTable,
     pub(super) last_applied: Option<LogId>,
     pub(super) membership: StoredMembership,
+}
+
+impl Inner {
+    /// Loads the applied state from the engine (at open, and after a snapshot install rewrote
+    /// it). An error means the store cannot be read or decoded: the member must stop.
+    pub(super) fn load(engine: &RocksEngine) -> Result<Self, String> {
+        let store = MvccStore::open(engine.clone()).map_err(|e| e.to_string())?;
+        let read = |key: &[u8]| {
+            engine.db().get_cf(engine.cf_handle(Cf::Meta), key).map_err(|e| e.to_string())
+        };
+        let last_applied = match read(KEY_APPLIED)? {
+            Some(b) => postcard::from_bytes(&b).map_err(|e| e.to_string())?,
+            None => None,
+        };
+        let membership = match read(KEY_MEMBERSHIP)? {
+            Some(b) => postcard::from_bytes(&b).map_err(|e| e.to_string())?,
+            None => StoredMembership::default(),
+        };
+        let mut records = Vec::new();
+        for item in
+            engine.db().iterator_cf(engine.cf_handle(Cf::Lease), rocksdb::IteratorMode::Start)
+        {
+            let (_, v) = item.map_err(|e| e.to_string())?;
+            records.push(LeaseRecord::decode(v.as_ref()).map_err(|e| e.to_string())?);
+        }
+        Ok(Self { store, leases: LeaseTable::from_records(records), last_applied, membership })
+    }
 }
 
 impl Shared {

@@ -19,12 +19,8 @@ use openraft::{
 use parking_lot::RwLock;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::{CommandError, CommandResult, Empty};
-use picket_proto::picket::storage::v1::LeaseRecord;
-use prost::Message;
 use tokio::sync::broadcast;
 
-use crate::lease::LeaseTable;
-use crate::mvcc::MvccStore;
 use crate::raft::types::{
     Applied, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
@@ -35,8 +31,7 @@ use crate::storage::snapshot::{self, SnapshotFiles};
 pub(super) use super::shared::Inner;
 pub use super::shared::{FeedItem, RevisionEvents, Shared};
 
-const KEY_APPLIED: &[u8] = b"raft/last_applied";
-const KEY_MEMBERSHIP: &[u8] = b"raft/membership";
+use super::shared::{KEY_APPLIED, KEY_MEMBERSHIP};
 
 /// The `Cf::Meta` keys that record Raft progress rather than data: a snapshot restored into a
 /// new cluster (`crate::restore`) drops them, because they name log ids and members of the
@@ -63,41 +58,13 @@ fn snap_err(e: impl std::fmt::Display) -> StorageError {
     .into()
 }
 
-impl Inner {
-    fn load(engine: &RocksEngine) -> Result<Self, StorageError> {
-        let store = MvccStore::open(engine.clone()).map_err(|e| sm_err(ErrorVerb::Read, e))?;
-        let read = |key: &[u8]| {
-            engine
-                .db()
-                .get_cf(engine.cf_handle(Cf::Meta), key)
-                .map_err(|e| sm_err(ErrorVerb::Read, e))
-        };
-        let last_applied = match read(KEY_APPLIED)? {
-            Some(b) => postcard::from_bytes(&b).map_err(|e| sm_err(ErrorVerb::Read, e))?,
-            None => None,
-        };
-        let membership = match read(KEY_MEMBERSHIP)? {
-            Some(b) => postcard::from_bytes(&b).map_err(|e| sm_err(ErrorVerb::Read, e))?,
-            None => StoredMembership::default(),
-        };
-        let mut records = Vec::new();
-        for item in
-            engine.db().iterator_cf(engine.cf_handle(Cf::Lease), rocksdb::IteratorMode::Start)
-        {
-            let (_, v) = item.map_err(|e| sm_err(ErrorVerb::Read, e))?;
-            records.push(LeaseRecord::decode(v.as_ref()).map_err(|e| sm_err(ErrorVerb::Read, e))?);
-        }
-        Ok(Self { store, leases: LeaseTable::from_records(records), last_applied, membership })
-    }
-}
-
 impl StateMachine {
     /// Opens the state machine on `engine`, keeping snapshots under `snapshot_dir`.
     pub fn open(
         engine: RocksEngine,
         snapshot_dir: impl Into<std::path::PathBuf>,
     ) -> Result<Self, StorageError> {
-        let inner = Inner::load(&engine)?;
+        let inner = Inner::load(&engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
         let reader = inner.store.reader();
         let revision = AtomicI64::new(inner.store.revision());
         let snapshots = SnapshotFiles::new(snapshot_dir.into()).map_err(snap_err)?;
@@ -234,7 +201,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             snapshot::install(shared.engine.db(), &blob).map_err(snap_err)?;
             #[cfg(test)]
             tests::pause_in_install();
-            let inner = Inner::load(&shared.engine)?;
+            let inner = Inner::load(&shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
             if inner.last_applied != meta_owned.last_log_id {
                 return Err(snap_err(format!(
                     "snapshot data is at {:?} but its metadata says {:?}",
