@@ -6,12 +6,8 @@
 
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-
-use super::process::{self, ProcessFault};
-use super::{
-    FaultContext, FaultError, FaultEvent, Faults, Injected, NodeState, SyncNemesis, Targets,
-};
+use super::process::{Heal, ProcessFault, ProcessNemesis};
+use super::{NodeState, Targets};
 
 /// How long killed nodes stay down: long enough for the survivors to notice (an election
 /// timeout is 1-2 s by default) and to move on, short enough to leave time for more faults.
@@ -33,27 +29,8 @@ const KILL: ProcessFault = ProcessFault {
     apply: |env, i| env.kill(i),
 };
 
-#[derive(Debug, Default)]
-pub struct KillNemesis {
-    down: Vec<usize>,
-}
-
-impl SyncNemesis for KillNemesis {
-    fn name(&self) -> &'static str {
-        "kill"
-    }
-
-    fn inject_now(
-        &mut self,
-        env: &mut dyn Faults,
-        ctx: &FaultContext,
-        rng: &mut StdRng,
-    ) -> Result<Option<Injected>, FaultError> {
-        KILL.inject(env, ctx, rng, &mut self.down)
-    }
-
-    fn heal_now(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
-        let down = std::mem::take(&mut self.down);
-        process::undo(env, down, NodeState::Down, |env, i| env.restart(i), "restart")
-    }
+/// The `kill` nemesis: SIGKILL, then restart when healed.
+pub fn nemesis() -> ProcessNemesis {
+    let heal = Heal { state: NodeState::Down, apply: |env, i| env.restart(i), f: "restart" };
+    ProcessNemesis::new(KILL, heal)
 }

@@ -5,9 +5,9 @@
 //!   process, pause and resume it, and (in network-namespace mode only) cut and heal network
 //!   links. [`crate::cluster::ProcessCluster`] implements all of them; in loopback mode the link
 //!   faults are unsupported.
-//! - [`Nemesis`] chooses a fault (which node, how long) and undoes it. [`kill::KillNemesis`] and
-//!   [`pause::PauseNemesis`] use only process faults (through the shared
-//!   [`process::ProcessFault`] helper); [`partition::PartitionNemesis`] uses [`Faults::cut`].
+//! - [`Nemesis`] chooses a fault (which node, how long) and undoes it. [`kill::nemesis`] and
+//!   [`pause::nemesis`] are one [`process::ProcessNemesis`] each (a process fault and its
+//!   undo); [`partition::PartitionNemesis`] uses [`Faults::cut`].
 //!   The cluster-level nemeses talk to the cluster through the etcd API as well, which is why
 //!   [`Nemesis`]'s methods return futures: [`member::MemberNemesis`] (MemberRemove, stop, wipe,
 //!   MemberAdd, start as a joining member), [`admin::AdminNemesis`] (compaction, snapshots,
@@ -220,8 +220,8 @@ pub fn build(names: &[String], workload: &str) -> Result<Vec<Box<dyn Nemesis>>, 
     let mut out: Vec<Box<dyn Nemesis>> = Vec::new();
     for n in names {
         match n.as_str() {
-            "kill" => out.push(Box::new(kill::KillNemesis::default())),
-            "pause" => out.push(Box::new(pause::PauseNemesis::default())),
+            "kill" => out.push(Box::new(kill::nemesis())),
+            "pause" => out.push(Box::new(pause::nemesis())),
             "partition" => out.push(Box::new(partition::PartitionNemesis::default())),
             "member" => out.push(Box::new(member::MemberNemesis::default())),
             "admin" => {

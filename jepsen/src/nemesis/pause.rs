@@ -7,12 +7,8 @@
 
 use std::time::Duration;
 
-use rand::rngs::StdRng;
-
-use super::process::{self, ProcessFault};
-use super::{
-    FaultContext, FaultError, FaultEvent, Faults, Injected, NodeState, SyncNemesis, Targets,
-};
+use super::process::{Heal, ProcessFault, ProcessNemesis};
+use super::{NodeState, Targets};
 
 /// Pause length: from past one maximal election timeout (2 s) to several.
 const PAUSE_MIN: Duration = Duration::from_millis(2500);
@@ -26,27 +22,8 @@ const PAUSE: ProcessFault = ProcessFault {
     apply: |env, i| env.pause(i),
 };
 
-#[derive(Debug, Default)]
-pub struct PauseNemesis {
-    paused: Vec<usize>,
-}
-
-impl SyncNemesis for PauseNemesis {
-    fn name(&self) -> &'static str {
-        "pause"
-    }
-
-    fn inject_now(
-        &mut self,
-        env: &mut dyn Faults,
-        ctx: &FaultContext,
-        rng: &mut StdRng,
-    ) -> Result<Option<Injected>, FaultError> {
-        PAUSE.inject(env, ctx, rng, &mut self.paused)
-    }
-
-    fn heal_now(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
-        let paused = std::mem::take(&mut self.paused);
-        process::undo(env, paused, NodeState::Paused, |env, i| env.resume(i), "resume")
-    }
+/// The `pause` nemesis: SIGSTOP, then SIGCONT when healed.
+pub fn nemesis() -> ProcessNemesis {
+    let heal = Heal { state: NodeState::Paused, apply: |env, i| env.resume(i), f: "resume" };
+    ProcessNemesis::new(PAUSE, heal)
 }

@@ -9,7 +9,8 @@ use rand::Rng;
 use serde_json::json;
 
 use super::{
-    between, names, FaultContext, FaultError, FaultEvent, Faults, Injected, NodeState, Targets,
+    between, names, FaultContext, FaultError, FaultEvent, Faults, Injected, NodeState, SyncNemesis,
+    Targets,
 };
 
 /// A primitive fault on a node (`Faults::kill`, `Faults::pause`, ...).
@@ -99,4 +100,49 @@ pub fn undo(
         return Ok(Vec::new());
     }
     Ok(vec![FaultEvent { f: f.to_string(), value: json!({ "nodes": names(env, &done) }) }])
+}
+
+/// How a [`ProcessNemesis`] undoes its fault: `apply` to every node it hit that is still in
+/// `state`, reported as one `f` event.
+#[derive(Debug, Clone, Copy)]
+pub struct Heal {
+    pub state: NodeState,
+    pub apply: NodeFault,
+    pub f: &'static str,
+}
+
+/// A nemesis made of one process fault and its undo (`kill`: SIGKILL, restart; `pause`: SIGSTOP,
+/// SIGCONT), named after the fault.
+#[derive(Debug)]
+pub struct ProcessNemesis {
+    fault: ProcessFault,
+    heal: Heal,
+    /// Nodes hit and not healed yet.
+    hit: Vec<usize>,
+}
+
+impl ProcessNemesis {
+    pub fn new(fault: ProcessFault, heal: Heal) -> Self {
+        Self { fault, heal, hit: Vec::new() }
+    }
+}
+
+impl SyncNemesis for ProcessNemesis {
+    fn name(&self) -> &'static str {
+        self.fault.f
+    }
+
+    fn inject_now(
+        &mut self,
+        env: &mut dyn Faults,
+        ctx: &FaultContext,
+        rng: &mut StdRng,
+    ) -> Result<Option<Injected>, FaultError> {
+        self.fault.inject(env, ctx, rng, &mut self.hit)
+    }
+
+    fn heal_now(&mut self, env: &mut dyn Faults) -> Result<Vec<FaultEvent>, FaultError> {
+        let hit = std::mem::take(&mut self.hit);
+        undo(env, hit, self.heal.state, self.heal.apply, self.heal.f)
+    }
 }
