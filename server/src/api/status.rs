@@ -117,7 +117,7 @@ pub fn membership_status(e: crate::raft::membership::MembershipError) -> Status 
     let code = match &e {
         E::Remote(s) => return s.clone(),
         E::MemberNotFound => Code::NotFound,
-        E::BadUrls => Code::InvalidArgument,
+        E::BadUrls | E::HttpsWithoutPeerTls => Code::InvalidArgument,
         E::MemberExists
         | E::PeerUrlExists
         | E::NotLearner

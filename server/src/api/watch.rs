@@ -78,7 +78,7 @@ type WatchStream = Pin<Box<dyn Stream<Item = Item> + Send>>;
 /// the stream's [`STREAM_BYTES`], released when the transport takes them.
 #[derive(Clone)]
 struct Tx {
-    queue: mpsc::Sender<(Item, Option<OwnedSemaphorePermit>)>,
+    queue: mpsc::Sender<(Item, OwnedSemaphorePermit)>,
     bytes: Arc<Semaphore>,
 }
 
@@ -93,7 +93,7 @@ impl Tx {
             p = self.bytes.clone().acquire_many_owned(cost) => p.map_err(|_| ())?,
             _ = self.queue.closed() => return Err(()),
         };
-        self.queue.send((item, Some(permit))).await.map_err(|_| ())
+        self.queue.send((item, permit)).await.map_err(|_| ())
     }
 
     async fn closed(&self) {
@@ -168,7 +168,17 @@ async fn serve_stream(
                     &create.key,
                     &create.range_end,
                 ))];
-                let judged = ctx.authorize_read(&meta, true, &needs).await;
+                // Over the per-stream limit it is refused without the barrier's round.
+                let judged = if watchers.len() >= limits.watchers_per_stream {
+                    ctx.metrics.watch_refused("watchers_per_stream");
+                    Err(Status::resource_exhausted(format!(
+                        "picket: too many watchers on this stream (--max-watchers-per-stream {}); \
+                         cancel some or open another stream",
+                        limits.watchers_per_stream
+                    )))
+                } else {
+                    ctx.authorize_read(&meta, true, &needs).await
+                };
                 // After the barrier, so "from now" starts at a revision at least as new as the
                 // request.
                 let revision = ctx.sm.revision();
@@ -198,16 +208,6 @@ async fn serve_stream(
                 if create.watch_id == 0 {
                     next_id += 1;
                 }
-                let judged = if watchers.len() >= limits.watchers_per_stream {
-                    ctx.metrics.watch_refused("watchers_per_stream");
-                    Err(Status::resource_exhausted(format!(
-                        "picket: too many watchers on this stream (--max-watchers-per-stream {}); \
-                         cancel some or open another stream",
-                        limits.watchers_per_stream
-                    )))
-                } else {
-                    judged
-                };
                 if let Err(denied) = judged {
                     let resp = WatchResponse {
                         header: Some(ctx.header(revision)),

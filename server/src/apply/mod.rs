@@ -36,6 +36,16 @@ impl Fatal {
     }
 }
 
+/// A deterministic refusal: the error result every member returns for the command.
+fn refused(code: tonic::Code, message: impl Into<String>) -> CmdResult {
+    CmdResult::Error(CommandError { code: code as u32, message: message.into() })
+}
+
+/// [`refused`] with a status the API layer's table chose.
+fn refused_as(status: &tonic::Status) -> CmdResult {
+    refused(status.code(), status.message())
+}
+
 /// Converts an MVCC error into a command result, or into a storage error that stops the node
 /// when it is not a deterministic outcome of the command (I/O failure, corruption).
 fn outcome<T>(
@@ -45,33 +55,36 @@ fn outcome<T>(
     match res {
         Ok(v) => Ok(wrap(v)),
         Err(e) if crate::api::status::mvcc_is_fatal(&e) => Err(Fatal::new(e)),
-        Err(e) => {
-            let status = crate::api::status::mvcc_status(&e);
-            Ok(CmdResult::Error(CommandError {
-                code: status.code() as u32,
-                message: status.message().to_string(),
-            }))
-        }
+        Err(e) => Ok(refused_as(&crate::api::status::mvcc_status(&e))),
     }
 }
 
 fn lease_error(e: crate::lease::LeaseError) -> CmdResult {
-    let status = crate::api::status::lease_status(&e);
-    CmdResult::Error(CommandError {
-        code: status.code() as u32,
-        message: status.message().to_string(),
-    })
+    refused_as(&crate::api::status::lease_status(&e))
 }
 
 /// A write refused because it would store a malformed subscription group record: a command
 /// result, the same on every member.
 fn group_error(e: &crate::subscription::GroupError) -> CmdResult {
-    CmdResult::Error(CommandError {
-        code: tonic::Code::InvalidArgument as u32,
-        message: e.to_string(),
-    })
+    refused(tonic::Code::InvalidArgument, e.to_string())
 }
 
+/// Applies the command of one log entry (or of one slot of a batch): `None` is a command that
+/// decoded empty (a field of a newer build, or a corrupt one), refused the same on every member.
+pub fn maybe_command<E: Engine>(
+    batch: &mut ApplyBatch<'_, E>,
+    leases: &mut LeaseTable,
+    cmd: Option<Cmd>,
+    entry_term: u64,
+) -> Result<CmdResult, Fatal> {
+    match cmd {
+        Some(c) => command(batch, leases, c, entry_term),
+        None => Ok(refused(tonic::Code::InvalidArgument, "picket: empty raft command")),
+    }
+}
+
+/// Applies one committed command of an entry of term `entry_term` inside `batch`: the rules in
+/// the order the module docs give. `Err` only for a non-deterministic failure (see [`Fatal`]).
 pub fn command<E: Engine>(
     batch: &mut ApplyBatch<'_, E>,
     leases: &mut LeaseTable,
@@ -80,21 +93,20 @@ pub fn command<E: Engine>(
 ) -> Result<CmdResult, Fatal> {
     // Storage quota (`crate::quota`): while a NOSPACE alarm is active, commands that grow the
     // store get etcd's "database space exceeded", decided from replicated state only.
-    let refused = crate::quota::gate(batch, &cmd).map_err(Fatal::new)?;
-    if let Some(refused) = refused {
-        return Ok(refused);
+    if let Some(nospace) = crate::quota::gate(batch, &cmd).map_err(Fatal::new)? {
+        return Ok(nospace);
     }
     match cmd {
         Cmd::LeaseExpire(e) if e.term != entry_term => {
             // Decided by a leader of an earlier term (see `LeaseExpire` in the proto): the
             // current leader renewed every lease when it took over, so this expiry is stale.
-            Ok(CmdResult::Error(CommandError {
-                code: tonic::Code::FailedPrecondition as u32,
-                message: format!(
+            Ok(refused(
+                tonic::Code::FailedPrecondition,
+                format!(
                     "picket: stale lease expiry from term {} applied in term {entry_term}",
                     e.term
                 ),
-            }))
+            ))
         }
         Cmd::LeaseExpire(e) => command(
             batch,
@@ -155,10 +167,10 @@ pub fn command<E: Engine>(
         Cmd::Batch(b) => self::batch(batch, leases, b, entry_term),
         Cmd::FencedTxn(f) => {
             let Some(txn) = f.txn else {
-                return Ok(CmdResult::Error(CommandError {
-                    code: tonic::Code::InvalidArgument as u32,
-                    message: "picket: fenced txn without a txn".into(),
-                }));
+                return Ok(refused(
+                    tonic::Code::InvalidArgument,
+                    "picket: fenced txn without a txn",
+                ));
             };
             let owner = match batch.range(&crate::concurrency::holder_range(&f.name)) {
                 Ok(r) => r.kvs.into_iter().next(),
@@ -177,10 +189,7 @@ pub fn command<E: Engine>(
                         f.token,
                         other.map(|kv| kv.create_revision),
                     );
-                    Ok(CmdResult::Error(CommandError {
-                        code: status.code() as u32,
-                        message: status.message().to_string(),
-                    }))
+                    Ok(refused_as(&status))
                 }
             }
         }
@@ -201,15 +210,11 @@ fn batch<E: Engine>(
     let mut results = Vec::with_capacity(cmds.commands.len());
     for cmd in cmds.commands {
         let result = match cmd.cmd {
-            Some(Cmd::Batch(_)) => CmdResult::Error(CommandError {
-                code: tonic::Code::InvalidArgument as u32,
-                message: "picket: a command batch may not contain another batch".into(),
-            }),
-            Some(c) => command(batch, leases, c, entry_term)?,
-            None => CmdResult::Error(CommandError {
-                code: tonic::Code::InvalidArgument as u32,
-                message: "picket: empty raft command".into(),
-            }),
+            Some(Cmd::Batch(_)) => refused(
+                tonic::Code::InvalidArgument,
+                "picket: a command batch may not contain another batch",
+            ),
+            other => maybe_command(batch, leases, other, entry_term)?,
         };
         results.push(CommandResult { result: Some(result) });
     }

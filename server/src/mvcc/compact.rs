@@ -91,8 +91,8 @@ pub(crate) fn step(
 ) -> Result<Step, MvccError> {
     let mut out = Step { reached: physical, ..Step::default() };
     let mut touched: BTreeSet<Vec<u8>> = BTreeSet::new();
-    // The changelog entries this step may delete, the last one taken excepted.
-    let mut entries: Vec<Vec<u8>> = Vec::new();
+    // The changelog entries this step may delete (revision, key), the last one taken excepted.
+    let mut entries: Vec<(i64, Vec<u8>)> = Vec::new();
     let mut budget_used = 0usize;
 
     let start = keys::changelog_key(physical);
@@ -104,7 +104,7 @@ pub(crate) fn step(
         if rev <= physical {
             // The entry at the previous point, kept so far for watches starting there.
             budget_used += 1;
-            entries.push(k);
+            entries.push((rev, k));
             continue;
         }
         let events = RevisionEvents::decode(v.as_slice())?.events;
@@ -114,7 +114,7 @@ pub(crate) fn step(
         }
         budget_used += cost;
         touched.extend(events.into_iter().filter_map(|ev| ev.kv).map(|kv| kv.key));
-        entries.push(k);
+        entries.push((rev, k));
         out.reached = rev;
     }
     if out.reached == physical {
@@ -122,8 +122,8 @@ pub(crate) fn step(
         // is left to drop but the entry at the previous point.
         out.reached = target;
     }
-    for k in entries {
-        if keys::decode_changelog_key(&k).is_some_and(|rev| rev < out.reached) {
+    for (rev, k) in entries {
+        if rev < out.reached {
             out.deletes.delete(Cf::Changelog, k);
             out.count += 1;
         }

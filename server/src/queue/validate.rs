@@ -165,6 +165,19 @@ pub fn validate_ms(field: &str, ms: u64) -> Result<(), QueueError> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn names_and_ids() {
+        assert!(validate_queue("emails.v2:eu-1_x").is_ok());
+        assert!(validate_queue("").is_err());
+        assert!(validate_queue("a/b").is_err());
+        assert!(validate_queue(&"a".repeat(129)).is_err());
+        assert!(validate_job_id("00ff12ab").is_ok());
+        assert!(validate_job_id("").is_err());
+        assert!(validate_job_id("../x").is_err());
+        assert!(validate_ms("delay_ms", MAX_DELAY_MS).is_ok());
+        assert!(validate_ms("delay_ms", MAX_DELAY_MS + 1).is_err());
+    }
+
     fn refused(r: Result<impl std::fmt::Debug, QueueError>, needle: &str) {
         match r {
             Err(QueueError::InvalidArgument(m)) => assert!(m.contains(needle), "{m}"),

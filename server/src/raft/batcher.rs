@@ -59,8 +59,9 @@ pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// holding commands the next, larger batch would have carried.
 pub const MAX_IN_FLIGHT: usize = 1;
 
-/// Bound on one entry in flight, from its start to its callers' answers: the server's default
-/// request timeout (`--request-timeout`, 7 s); the proposer passes its own. Without a bound an
+/// Bound on one entry in flight, from its start to its callers' answers: the request timeout at
+/// the default timings (`Config::request_timeout`, 5 s + 2 x the 1 s election timeout); the
+/// proposer passes the configured one, so this default only serves tests and tools. Without a bound an
 /// entry whose writer openraft never answers (0.9 purges instead of truncating an entry that a
 /// follower's snapshot install covers) holds its slot forever and every later write on the
 /// member queues behind it (issue 19). Safe: every caller in the entry has a deadline no later

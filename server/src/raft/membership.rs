@@ -92,6 +92,12 @@ pub enum MembershipError {
     PeerUrlExists,
     #[error("etcdserver: given member URLs are invalid")]
     BadUrls,
+    /// An `https` peer URL on members without peer TLS: no member could dial it.
+    #[error(
+        "picket: https peer URLs need peer TLS on the members: start them with \
+         --peer-trusted-ca-file (and --peer-cert-file/--peer-key-file), or use http peer URLs"
+    )]
+    HttpsWithoutPeerTls,
     #[error("etcdserver: can only promote a learner member")]
     NotLearner,
     #[error("etcdserver: can only promote a learner member which is in sync with leader")]
@@ -126,17 +132,6 @@ pub fn etcd_members(m: &openraft::Membership<NodeId, Member>) -> Vec<PbMember> {
         .collect()
 }
 
-/// The refusal of an `https` peer URL on a member without peer TLS. An `InvalidArgument`
-/// status rather than a [`MembershipError`] variant of its own because the status table in
-/// `api::status` maps unknown variants to `Unavailable`, which forwarding members and clients
-/// retry until their deadline; the leader's answer travels to the client unchanged.
-fn https_without_peer_tls() -> MembershipError {
-    MembershipError::Remote(Status::invalid_argument(
-        "picket: https peer URLs need peer TLS on the members: start them with \
-         --peer-trusted-ca-file (and --peer-cert-file/--peer-key-file), or use http peer URLs",
-    ))
-}
-
 /// Checks that every URL is an `http://host:port` or `https://host:port` URL, as peer URLs
 /// must be. `https` URLs are accepted only when `peer_tls` (this member has peer TLS
 /// configured): the members dial peers with their peer certificates exactly for `https` URLs
@@ -155,7 +150,7 @@ fn check_urls(urls: &[String], peer_tls: bool) -> Result<(), MembershipError> {
         }
     }
     if !peer_tls && urls.iter().any(|u| crate::tls::is_https(u)) {
-        return Err(https_without_peer_tls());
+        return Err(MembershipError::HttpsWithoutPeerTls);
     }
     Ok(())
 }

@@ -18,7 +18,7 @@ use openraft::{
 };
 use parking_lot::RwLock;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
-use picket_proto::picket::raft::v1::{CommandError, CommandResult, Empty};
+use picket_proto::picket::raft::v1::{CommandResult, Empty};
 use tokio::sync::broadcast;
 
 use crate::raft::types::{
@@ -126,14 +126,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     *membership = StoredMembership::new(Some(log_id), m);
                     CmdResult::Empty(Empty {})
                 }
-                EntryPayload::Normal(cmd) => match cmd.0.cmd {
-                    Some(c) => crate::apply::command(&mut batch, leases, c, log_id.leader_id.term)
-                        .map_err(|e| sm_err(ErrorVerb::Write, e))?,
-                    None => CmdResult::Error(CommandError {
-                        code: tonic::Code::InvalidArgument as u32,
-                        message: "picket: empty raft command".into(),
-                    }),
-                },
+                EntryPayload::Normal(cmd) => crate::apply::maybe_command(
+                    &mut batch,
+                    leases,
+                    cmd.0.cmd,
+                    log_id.leader_id.term,
+                )
+                .map_err(|e| sm_err(ErrorVerb::Write, e))?,
             };
             *last_applied = Some(log_id);
             tracing::trace!(log_index = log_id.index, "applied entry");
