@@ -178,6 +178,13 @@ fn unsafe_serializable_reads_under_partition_are_caught() {
     // A partitioned node keeps serving its clients; with serializable gets it answers from its
     // own, frozen state while the majority moves on. (Followers also lag by milliseconds
     // without faults, which makes stale reads likely even before the first partition.)
+    //
+    // The op timeout is 1 s, not the default 4 s: a worker on the cut-off node spends each
+    // write waiting out its timeout, and with 4 s it had only one short window of reads inside
+    // the 7.7 s partition. In CI (38f62ce) that window held no read of a key the majority had
+    // changed, so the linearizability checker found nothing and the test failed; with 1 s every
+    // such worker reads several times per partition (17 or more stale reads inside it, 3 of 3
+    // runs).
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let args = [
@@ -197,6 +204,8 @@ fn unsafe_serializable_reads_under_partition_are_caught() {
         "--mode",
         "netns",
         "--unsafe-serializable-reads",
+        "--op-timeout-ms",
+        "1000",
     ];
     let run = harness(&args, &out);
     let r = &run.results;
@@ -204,7 +213,36 @@ fn unsafe_serializable_reads_under_partition_are_caught() {
     assert_eq!(verdict(r, "linearizable"), "invalid", "{r:#}");
     assert_eq!(verdict(r, "cluster"), "valid", "{r:#}");
     assert!(has_anomaly(r, &["linearizable", "revision"], "stale-read"), "{r:#}");
+    // Follower lag alone also makes stale reads; the claim here is the partition's, so at least
+    // one stale read must have completed while the partition held.
+    let during = stale_reads_during_partition(&out, r);
+    assert!(during > 0, "no stale read completed inside the partition: {r:#}");
     assert_netns_run(&run);
+}
+
+/// How many of the revision checker's stale reads completed between the partition's start and
+/// its heal. Each such anomaly lists its events with the read's completion last.
+fn stale_reads_during_partition(out: &Path, r: &serde_json::Value) -> usize {
+    let text = std::fs::read_to_string(out.join("history.jsonl")).expect("history.jsonl");
+    let events: Vec<serde_json::Value> =
+        text.lines().map(|l| serde_json::from_str(l).expect("a history line is JSON")).collect();
+    let time_of = |i: u64| events.iter().find(|e| e["index"] == i).and_then(|e| e["time"].as_u64());
+    let nemesis_time = |f: &str| {
+        events
+            .iter()
+            .find(|e| e["process"] == "nemesis" && e["type"] == "invoke" && e["f"] == f)
+            .and_then(|e| e["time"].as_u64())
+            .unwrap_or_else(|| panic!("no {f} in the history"))
+    };
+    let (start, heal) = (nemesis_time("partition"), nemesis_time("heal"));
+    let anomalies = r["checkers"]["revision"]["anomalies"].as_array().cloned().unwrap_or_default();
+    anomalies
+        .iter()
+        .filter(|a| a["kind"] == "stale-read")
+        .filter_map(|a| a["events"].as_array()?.last()?.as_u64())
+        .filter_map(time_of)
+        .filter(|t| (start..=heal).contains(t))
+        .count()
 }
 
 /// Runs `workload` under `nemesis` in netns mode against `target`.
