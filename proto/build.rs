@@ -31,7 +31,19 @@ fn main() -> Result<(), Box<dyn Error>> {
     // prost-build writes a descriptor set only when it runs protoc itself, so encode ours here
     // for `FILE_DESCRIPTOR_SET` (gRPC reflection).
     let out_dir = PathBuf::from(env::var("OUT_DIR")?);
-    fs::write(out_dir.join("file_descriptor_set.bin"), fds.encode_to_vec())?;
+    let encoded = fds.encode_to_vec();
+    fs::write(out_dir.join("file_descriptor_set.bin"), &encoded)?;
+
+    // serde impls for the etcd packages, for the HTTP/JSON gateway. The options reproduce etcd
+    // 3.4's grpc-gateway (`JSONPb{OrigName: true}`): field names as written in the .proto, and
+    // unknown fields ignored (grpc-gateway v1 allows them by default). Picket's own packages
+    // have no JSON API.
+    pbjson_build::Builder::new()
+        .register_descriptors(&encoded)?
+        .out_dir(&out_dir)
+        .preserve_proto_field_names()
+        .ignore_unknown_fields()
+        .build(&[".mvccpb", ".authpb", ".etcdserverpb", ".v3lockpb", ".v3electionpb"])?;
 
     tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
     Ok(())

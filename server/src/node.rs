@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use picket_proto::etcdserverpb::auth_server::AuthServer;
 use picket_proto::etcdserverpb::cluster_server::ClusterServer;
 use picket_proto::etcdserverpb::kv_server::KvServer;
 use picket_proto::etcdserverpb::lease_server::LeaseServer;
@@ -21,7 +22,9 @@ use tokio::task::JoinSet;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
+use crate::api::auth::AuthService;
 use crate::api::cluster::{request_gate, ClusterService};
+use crate::api::gateway::{Gateway, SplitLayer};
 use crate::api::http::HttpState;
 use crate::api::kv::KvService;
 use crate::api::lease::{LeaseLeader, LeaseRelayTarget, LeaseService};
@@ -291,46 +294,72 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     health_reporter.set_service_status("", tonic_health::ServingStatus::Serving).await;
     let max_decode = cfg.max_request_bytes + GRPC_OVERHEAD_BYTES;
     let quota = crate::quota::effective_quota(cfg.quota_backend_bytes);
-    let maintenance =
-        Arc::new(MaintenanceService::new(ctx.clone(), control.clone()).with_quota(quota));
-    for (l, https) in client_listeners.into_iter().zip(tls::listener_tls(&cfg, Side::Client)) {
-        let kv = KvServer::new(KvService::new(ctx.clone()))
-            .max_decoding_message_size(max_decode)
-            .max_encoding_message_size(usize::MAX);
-        let lease = LeaseServer::new(LeaseService::new(ctx.clone()))
-            .max_decoding_message_size(max_decode)
-            .max_encoding_message_size(usize::MAX);
-        let watch = WatchServer::new(WatchService::new(
+    let http_state = Arc::new(HttpState {
+        metrics: metrics.clone(),
+        ctx: ctx.clone(),
+        control: control.clone(),
+        read_timeout: cfg.health_read_timeout(),
+    });
+    // One object per service, shared by every client listener's gRPC server and by the HTTP/JSON
+    // gateway, so both paths run the same code (and the watch stream limit is one per member,
+    // as its error message says).
+    let gateway = Arc::new(Gateway {
+        kv: Arc::new(KvService::new(ctx.clone())),
+        lease: Arc::new(LeaseService::new(ctx.clone())),
+        watch: Arc::new(WatchService::new(
             ctx.clone(),
             crate::api::watch::Limits {
                 progress_interval: cfg.watch_progress_notify_interval,
                 watchers_per_stream: cfg.max_watchers_per_stream,
                 streams: cfg.max_watch_streams,
             },
-        ))
-        .max_decoding_message_size(max_decode)
-        .max_encoding_message_size(usize::MAX);
+        )),
+        cluster: Arc::new(ClusterService::new(ctx.clone(), control.clone())),
+        maintenance: Arc::new(
+            MaintenanceService::new(ctx.clone(), control.clone()).with_quota(quota),
+        ),
+        auth: Arc::new(AuthService::new(ctx.clone())),
+        lock: Arc::new(LockService::new(ctx.clone())),
+        election: Arc::new(ElectionService::new(ctx.clone())),
+        http: http_state.clone(),
+        control: control.clone(),
+        max_decode,
+    });
+    let gateway_router = crate::api::gateway::router(gateway.clone());
+    for (l, https) in client_listeners.into_iter().zip(tls::listener_tls(&cfg, Side::Client)) {
+        let kv = KvServer::from_arc(gateway.kv.clone())
+            .max_decoding_message_size(max_decode)
+            .max_encoding_message_size(usize::MAX);
+        let lease = LeaseServer::from_arc(gateway.lease.clone())
+            .max_decoding_message_size(max_decode)
+            .max_encoding_message_size(usize::MAX);
+        let watch = WatchServer::from_arc(gateway.watch.clone())
+            .max_decoding_message_size(max_decode)
+            .max_encoding_message_size(usize::MAX);
         let mut stop_rx = stop_rx.clone();
         servers.spawn(
             client_tls
                 .server_builder(https)?
-                // Outermost, so calls the gate refuses are counted too.
+                // HTTP/1.1 beside HTTP/2, for the JSON gateway's clients (curl, Patroni); gRPC
+                // stays on HTTP/2.
+                .accept_http1(true)
+                // Outermost: JSON requests leave here for the gateway (see its `split` module).
+                .layer(SplitLayer::new(gateway_router.clone()))
+                // Outermost of the gRPC layers, so calls the gate refuses are counted too.
                 .layer(GrpcMetricsLayer::new(metrics.clone()))
                 .layer(tonic::service::InterceptorLayer::new(request_gate(control.clone())))
                 .add_service(health_service.clone())
-                .add_service(ClusterServer::new(ClusterService::new(ctx.clone(), control.clone())))
+                .add_service(ClusterServer::from_arc(gateway.cluster.clone()))
                 .add_service(
-                    MaintenanceServer::from_arc(maintenance.clone())
+                    MaintenanceServer::from_arc(gateway.maintenance.clone())
                         .max_encoding_message_size(usize::MAX),
                 )
                 .add_service(kv)
-                .add_service(picket_proto::etcdserverpb::auth_server::AuthServer::new(
-                    crate::api::auth::AuthService::new(ctx.clone()),
-                ))
+                .add_service(AuthServer::from_arc(gateway.auth.clone()))
                 .add_service(lease)
                 .add_service(watch)
-                .add_service(LockServer::new(LockService::new(ctx.clone())))
-                .add_service(ElectionServer::new(ElectionService::new(ctx.clone())))
+                .add_service(LockServer::from_arc(gateway.lock.clone()))
+                .add_service(ElectionServer::from_arc(gateway.election.clone()))
                 .add_service(
                     LocksServer::new(crate::api::locks::LocksService::new(ctx.clone()))
                         .max_decoding_message_size(max_decode),
@@ -359,12 +388,6 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
             .await
             .map_err(|e| NodeError::Raft(e.to_string()))?;
     }
-    let http_state = Arc::new(HttpState {
-        metrics: metrics.clone(),
-        ctx: ctx.clone(),
-        control: control.clone(),
-        read_timeout: cfg.health_read_timeout(),
-    });
     let mut http_servers = JoinSet::new();
     let mut metrics_addrs = Vec::new();
     for l in metrics_listeners {

@@ -38,6 +38,14 @@ use crate::storage::{snapshot, snapshot_file};
 /// does not affect version precedence (a `-picket` pre-release would sort below 3.5.0).
 pub const VERSION: &str = concat!("3.5.0+picket.", env!("CARGO_PKG_VERSION"));
 
+/// The `etcdserver` field of the HTTP gateway's `GET /version`: [`VERSION`] without its build
+/// metadata, because clients parse this field as dotted integers (Patroni does).
+pub const ETCD_SERVER_VERSION: &str = "3.5.0";
+
+/// The `etcdcluster` field of `GET /version`: the cluster's API level, `major.minor.0` as etcd
+/// reports it.
+pub const ETCD_CLUSTER_VERSION: &str = "3.5.0";
+
 /// Bytes of snapshot per streamed message (etcd sends 32 KiB).
 const SNAPSHOT_CHUNK: usize = 64 * 1024;
 

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod cluster;
 pub mod compact_steps;
 pub mod ctx_backend;
+pub mod gateway;
 pub mod http;
 pub mod kv;
 pub mod lease;
