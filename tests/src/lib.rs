@@ -9,6 +9,7 @@
 //! - [`cluster`]: [`Cluster`] starts N members on free loopback ports in a temporary directory and
 //!   controls them as processes (SIGKILL, SIGTERM, SIGSTOP/SIGCONT, restart).
 //! - [`etcdctl`]: runs `etcdctl` with a bounded wait and captures its output.
+//! - [`http`]: a plain HTTP/1.1 client for the JSON gateway: unary calls and streamed lines.
 //! - [`util`]: bounded polling, gRPC status assertions and readable key-value summaries.
 //! - [`watch`]: bounded reads of watch streams and readable watch responses and events.
 //! - [`writer`]: a background write load whose acknowledged, refused and indeterminate writes
@@ -23,6 +24,7 @@
 pub mod binary;
 pub mod cluster;
 pub mod etcdctl;
+pub mod http;
 pub mod util;
 pub mod watch;
 pub mod writer;
