@@ -14,13 +14,14 @@
 #   iproute2            `ip netns` and veth pairs for the harness's network-namespace mode
 #   iptables            network partitions in the harness
 #   faketime            libfaketime, the harness's clock-skew nemesis (jepsen/tests/nemeses.rs)
+#   python3-venv        `python3 -m venv`: tests/tests/patroni.rs installs Patroni into a venv
 #
 # It installs only what is missing, so it is cheap to call every time. It starts and stops no
 # service: Debian's etcd-server package may start an etcd on 2379/2380 where a service manager
 # runs; that etcd is the user's, and every test and script here uses ports below 32768 that are
 # not etcd's defaults, so the two never meet.
 set -euo pipefail
-packages=(libclang-dev protobuf-compiler libprotobuf-dev etcd-server etcd-client iproute2 iptables
+packages=(libclang-dev protobuf-compiler libprotobuf-dev etcd-server etcd-client iproute2 iptables python3-venv
   faketime)
 need=()
 for p in "${packages[@]}"; do
