@@ -22,6 +22,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_stream::StreamExt;
 
 use crate::api::cluster::{request_gate, ClusterService};
+use crate::api::cluster_peer::ClusterPeerService;
 use crate::api::http::HttpState;
 use crate::api::kv::KvService;
 use crate::api::lease::{LeaseLeader, LeaseRelayTarget, LeaseService};
@@ -35,7 +36,7 @@ use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::metrics::{Metrics, MetricsError};
 use crate::raft::bootstrap;
 use crate::raft::identity::{self, IdentityError};
-use crate::raft::membership::{ClusterControl, ClusterPeerService};
+use crate::raft::membership::ClusterControl;
 use crate::raft::network::Network;
 use crate::raft::proposer::Proposer;
 use crate::raft::service::PeerService;
