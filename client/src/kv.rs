@@ -21,16 +21,7 @@ use crate::error::Error;
 /// assert_eq!(picket_client::prefix_end(b"a\xff"), b"b".to_vec());
 /// assert_eq!(picket_client::prefix_end(b""), vec![0]);
 /// ```
-pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
-}
+pub use picket_proto::prefix_end;
 
 /// Which keys a request covers: its key alone, or a range starting at it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -16,10 +16,7 @@
 //! node exits; nodes are spawned from the run future, which `block_on` polls on the main thread,
 //! so the signal fires only when the process ends.
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tracing::{info, warn};
 
-use picket_procs::signal::Signal;
+use picket_procs::child::{open_log, wait_ready, Managed, ProcError, ReadyError, State};
 
 use crate::client;
 use crate::nemesis::{FaultError, Faults, NodeState};
@@ -80,12 +77,10 @@ pub enum ClusterError {
         "node {node} did not answer a linearizable get within {waited:?}; last error: {last_error}"
     )]
     NotReady { node: String, waited: Duration, last_error: String },
-    #[error("node {0} is not running")]
-    NotRunning(String),
-    #[error("signalling node {node}: {source}")]
-    Signal { node: String, source: picket_procs::signal::SignalError },
     #[error(transparent)]
-    Missing(#[from] picket_procs::tools::Missing),
+    Proc(#[from] ProcError),
+    #[error("reserving loopback ports: {0}")]
+    Ports(#[from] picket_procs::ports::PortError),
 }
 
 impl ClusterError {
@@ -106,12 +101,11 @@ pub struct NodeInfo {
 
 struct Node {
     info: NodeInfo,
-    child: Option<Child>,
-    paused: bool,
+    /// The process: started, signalled and stopped by its PID only.
+    proc: Managed,
     /// `header.member_id` as last reported by this node (or, after the `member` nemesis added
     /// it again, the id the cluster gave it).
     member_id: Option<u64>,
-    starts: u32,
     /// Removed from the membership by the `member` nemesis and not yet added again.
     removed: bool,
     /// After it was added again: the `--initial-cluster` it joins with (state `existing`).
@@ -143,12 +137,6 @@ pub struct ProcessCluster {
     nodes: Vec<Node>,
     /// Exits nobody asked for (crashes), noticed by [`ProcessCluster::reap_unexpected`].
     unexpected_exits: Vec<(String, String)>,
-}
-
-/// Reserves `n` loopback ports no other process of ours and no user's etcd can hold.
-fn free_ports(n: usize) -> Result<Vec<u16>, ClusterError> {
-    picket_procs::ports::reserve(n)
-        .map_err(|e| ClusterError::io("reserving loopback ports", std::io::Error::other(e)))
 }
 
 /// The true wall-clock time in seconds since the epoch, written into the marker line of every
@@ -184,7 +172,7 @@ impl ProcessCluster {
                 })
                 .collect(),
             None => {
-                let ports = free_ports(2 * cfg.nodes)?;
+                let ports = picket_procs::ports::reserve(2 * cfg.nodes)?;
                 (0..cfg.nodes)
                     .map(|i| {
                         (
@@ -201,6 +189,7 @@ impl ProcessCluster {
             .map(|(i, (client_url, peer_url))| {
                 let name = format!("n{}", i + 1);
                 Node {
+                    proc: Managed::new(name.clone()),
                     info: NodeInfo {
                         client_url,
                         peer_url,
@@ -208,10 +197,7 @@ impl ProcessCluster {
                         log: logs.join(format!("{name}.log")),
                         name,
                     },
-                    child: None,
-                    paused: false,
                     member_id: None,
-                    starts: 0,
                     removed: false,
                     join: None,
                     env: Vec::new(),
@@ -250,11 +236,11 @@ impl ProcessCluster {
 
     pub fn state(&self, i: usize) -> NodeState {
         let n = &self.nodes[i];
-        match (&n.child, n.paused) {
-            (None, _) if n.removed => NodeState::Removed,
-            (None, _) => NodeState::Down,
-            (Some(_), true) => NodeState::Paused,
-            (Some(_), false) => NodeState::Running,
+        match n.proc.state() {
+            State::Down if n.removed => NodeState::Removed,
+            State::Down => NodeState::Down,
+            State::Paused => NodeState::Paused,
+            State::Running => NodeState::Running,
         }
     }
 
@@ -288,40 +274,26 @@ impl ProcessCluster {
 
     /// Starts node `i`'s process without waiting for it to serve.
     pub fn spawn(&mut self, i: usize) -> Result<(), ClusterError> {
-        if self.nodes[i].child.is_some() {
+        if self.nodes[i].proc.is_running() {
             return Ok(());
         }
         let argv = self.command_line(i)?;
         let n = &mut self.nodes[i];
-        let mut log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&n.info.log)
-            .map_err(|e| ClusterError::io(format!("opening {}", n.info.log.display()), e))?;
-        n.starts += 1;
         let env_text: Vec<String> = n.env.iter().map(|(k, v)| format!("{k}={v:?} ")).collect();
-        let unix = unix_now();
-        writeln!(
-            log,
-            "=== picket-jepsen: start #{} of {} at unix {unix:.3}: {}{} ===",
-            n.starts,
+        let header = format!(
+            "=== picket-jepsen: start #{} of {} at unix {:.3}: {}{} ===",
+            n.proc.starts() + 1,
             n.info.name,
+            unix_now(),
             env_text.concat(),
             argv.join(" ")
-        )
-        .map_err(|e| ClusterError::io("writing the node log", e))?;
+        );
+        let log = open_log(&n.info.log, &header)?;
         let log2 = log.try_clone().map_err(|e| ClusterError::io("duplicating the log", e))?;
-        let child = Command::new(&argv[0])
-            .args(&argv[1..])
-            .envs(n.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(log2)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| ClusterError::io(format!("spawning {}", argv.join(" ")), e))?;
-        info!(node = %n.info.name, pid = child.id(), start = n.starts, "spawned node");
-        n.child = Some(child);
-        n.paused = false;
+        let mut cmd = Managed::command(&argv[0], log2, log)?;
+        cmd.args(&argv[1..]).envs(n.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let pid = n.proc.start(cmd)?;
+        info!(node = %n.info.name, pid, start = n.proc.starts(), "spawned node");
         n.removed = false;
         Ok(())
     }
@@ -329,7 +301,7 @@ impl ProcessCluster {
     /// Kills node `i` (if running), wipes its data directory and marks it removed from the
     /// membership.
     pub fn remove(&mut self, i: usize) -> Result<(), ClusterError> {
-        if self.nodes[i].child.is_some() {
+        if self.nodes[i].proc.is_running() {
             self.kill(i)?;
         }
         let n = &mut self.nodes[i];
@@ -359,12 +331,12 @@ impl ProcessCluster {
         self.spawn(i)
     }
 
-    /// The full command line of node `i`: `[setpriv --pdeathsig KILL --] [ip netns exec <ns>]
-    /// <server> <flags>`. setpriv and `ip netns exec` both exec the next program, so the child's
-    /// PID is the server's own and signals sent by PID reach the server.
+    /// The command line of node `i`: `[ip netns exec <ns>] <server> <flags>`, started behind
+    /// `setpriv --pdeathsig KILL` ([`Managed::command`]). setpriv and `ip netns exec` both exec
+    /// the next program, so the child's PID is the server's own and signals sent by PID reach
+    /// the server.
     fn command_line(&self, i: usize) -> Result<Vec<String>, ClusterError> {
-        let setpriv = picket_procs::guard::setpriv()?.display().to_string();
-        let mut argv: Vec<String> = vec![setpriv, "--pdeathsig".into(), "KILL".into(), "--".into()];
+        let mut argv: Vec<String> = Vec::new();
         if let Some(net) = &self.cfg.network {
             argv.extend(["ip", "netns", "exec", net.node_namespace(i)].map(String::from));
         }
@@ -384,13 +356,13 @@ impl ProcessCluster {
     /// them (a crash is a finding, reported by the cluster checks).
     pub fn reap_unexpected(&mut self) {
         for n in &mut self.nodes {
-            let Some(child) = n.child.as_mut() else { continue };
-            match child.try_wait() {
+            if !n.proc.is_running() {
+                continue;
+            }
+            match n.proc.try_wait() {
                 Ok(Some(status)) => {
                     warn!(node = %n.info.name, %status, "node exited on its own");
                     self.unexpected_exits.push((n.info.name.clone(), status.to_string()));
-                    n.child = None;
-                    n.paused = false;
                 }
                 Ok(None) => {}
                 Err(e) => warn!(node = %n.info.name, error = %e, "cannot poll node process"),
@@ -403,106 +375,52 @@ impl ProcessCluster {
         &self.unexpected_exits
     }
 
-    fn try_wait(&mut self, i: usize) -> Result<Option<ExitStatus>, ClusterError> {
-        let n = &mut self.nodes[i];
-        let Some(child) = n.child.as_mut() else {
-            return Err(ClusterError::NotRunning(n.info.name.clone()));
-        };
-        let status = child.try_wait().map_err(|e| ClusterError::io("polling a node", e))?;
-        if let Some(s) = status {
-            self.unexpected_exits.push((n.info.name.clone(), s.to_string()));
-            n.child = None;
-            n.paused = false;
-        }
-        Ok(status)
-    }
-
-    fn pid(&self, i: usize) -> Result<u32, ClusterError> {
-        let n = &self.nodes[i];
-        n.child.as_ref().map(Child::id).ok_or_else(|| ClusterError::NotRunning(n.info.name.clone()))
-    }
-
-    /// SIGKILLs node `i` and reaps it. A SIGKILLed process cannot delay its exit (even when
-    /// stopped), so the wait returns as soon as the kernel has torn it down.
+    /// SIGKILLs node `i` and reaps it.
     pub fn kill(&mut self, i: usize) -> Result<(), ClusterError> {
         let n = &mut self.nodes[i];
-        let Some(mut child) = n.child.take() else {
-            return Err(ClusterError::NotRunning(n.info.name.clone()));
-        };
-        info!(node = %n.info.name, pid = child.id(), "SIGKILL");
-        child.kill().map_err(|e| ClusterError::io("SIGKILL", e))?;
-        child.wait().map_err(|e| ClusterError::io("reaping a killed node", e))?;
-        n.paused = false;
-        Ok(())
+        info!(node = %n.info.name, pid = n.proc.pid()?, "SIGKILL");
+        Ok(n.proc.kill()?)
     }
 
     /// SIGSTOPs node `i`: it keeps its sockets but does nothing, like a long GC pause.
     pub fn pause(&mut self, i: usize) -> Result<(), ClusterError> {
-        let pid = self.pid(i)?;
-        info!(node = %self.nodes[i].info.name, pid, "SIGSTOP");
-        let node = self.nodes[i].info.name.clone();
-        picket_procs::signal::send(pid, Signal::STOP)
-            .map_err(|source| ClusterError::Signal { node, source })?;
-        self.nodes[i].paused = true;
-        Ok(())
+        let n = &mut self.nodes[i];
+        info!(node = %n.info.name, pid = n.proc.pid()?, "SIGSTOP");
+        Ok(n.proc.pause()?)
     }
 
     /// SIGCONTs a paused node.
     pub fn resume(&mut self, i: usize) -> Result<(), ClusterError> {
-        let pid = self.pid(i)?;
-        info!(node = %self.nodes[i].info.name, pid, "SIGCONT");
-        let node = self.nodes[i].info.name.clone();
-        picket_procs::signal::send(pid, Signal::CONT)
-            .map_err(|source| ClusterError::Signal { node, source })?;
-        self.nodes[i].paused = false;
-        Ok(())
-    }
-
-    /// One linearizable `get`, returning the member id in its header.
-    async fn probe(&self, i: usize) -> Result<u64, String> {
-        let mut c = client::connect(&self.nodes[i].info.client_url, PROBE_TIMEOUT)
-            .await
-            .map_err(|e| e.to_string())?;
-        let fut = c.get("picket-jepsen/ready", None);
-        // The client has its own request timeout; this outer bound also covers connecting.
-        let resp = tokio::time::timeout(PROBE_TIMEOUT, fut)
-            .await
-            .map_err(|_| format!("no answer within {PROBE_TIMEOUT:?}"))?
-            .map_err(|e| e.to_string())?;
-        resp.header().map(|h| h.member_id()).ok_or_else(|| "response without a header".into())
+        let n = &mut self.nodes[i];
+        info!(node = %n.info.name, pid = n.proc.pid()?, "SIGCONT");
+        Ok(n.proc.resume()?)
     }
 
     /// Waits (at most `timeout`, and at most `timeout / PROBE_INTERVAL + 1` attempts) until node
-    /// `i` answers a linearizable `get`, failing early if its process exits.
+    /// `i` answers a linearizable `get`, failing early if its process exits (recorded as an
+    /// exit nobody asked for).
     pub async fn wait_ready(&mut self, i: usize, timeout: Duration) -> Result<(), ClusterError> {
-        let deadline = Instant::now() + timeout;
-        let max_attempts = timeout.as_millis() / PROBE_INTERVAL.as_millis() + 1;
-        let mut last_error = "no attempt made".to_string();
-        for _ in 0..max_attempts {
-            if let Some(status) = self.try_wait(i)? {
-                return Err(ClusterError::Exited {
-                    node: self.nodes[i].info.name.clone(),
+        let url = self.nodes[i].info.client_url.clone();
+        let probe = || probe(url.clone());
+        let node = self.nodes[i].info.name.clone();
+        match wait_ready(&mut self.nodes[i].proc, timeout, PROBE_INTERVAL, probe).await {
+            Ok(id) => {
+                self.nodes[i].member_id = Some(id);
+                Ok(())
+            }
+            Err(ReadyError::Exited { status, .. }) => {
+                self.unexpected_exits.push((node.clone(), status.to_string()));
+                Err(ClusterError::Exited {
+                    node,
                     status: status.to_string(),
                     log_tail: tail(&self.nodes[i].info.log, 40),
-                });
+                })
             }
-            match self.probe(i).await {
-                Ok(id) => {
-                    self.nodes[i].member_id = Some(id);
-                    return Ok(());
-                }
-                Err(e) => last_error = e,
+            Err(ReadyError::Timeout { last, .. }) => {
+                Err(ClusterError::NotReady { node, waited: timeout, last_error: last })
             }
-            if Instant::now() >= deadline {
-                break;
-            }
-            tokio::time::sleep(PROBE_INTERVAL).await;
+            Err(ReadyError::Proc(e)) => Err(e.into()),
         }
-        Err(ClusterError::NotReady {
-            node: self.nodes[i].info.name.clone(),
-            waited: timeout,
-            last_error,
-        })
     }
 
     /// Waits until every running node is ready, sharing one `timeout`.
@@ -547,13 +465,10 @@ impl ProcessCluster {
     /// SIGKILLs every node still running (by its PID) and reaps it.
     pub fn kill_all(&mut self) {
         for n in &mut self.nodes {
-            if let Some(mut child) = n.child.take() {
-                // Errors are ignored: the process may have exited on its own already. The wait
-                // is prompt because a SIGKILLed process cannot delay its exit.
-                let _ = child.kill();
-                let _ = child.wait();
+            if n.proc.is_running() {
+                // Errors are ignored: the process may have exited on its own already.
+                let _ = n.proc.kill();
             }
-            n.paused = false;
         }
     }
 
@@ -565,6 +480,18 @@ impl ProcessCluster {
             warn!(dir = %data.display(), error = %e, "cannot remove node data");
         }
     }
+}
+
+/// One linearizable `get` against `url`, returning the member id in its header.
+async fn probe(url: String) -> Result<u64, String> {
+    let mut c = client::connect(&url, PROBE_TIMEOUT).await.map_err(|e| e.to_string())?;
+    let fut = c.get("picket-jepsen/ready", None);
+    // The client has its own request timeout; this outer bound also covers connecting.
+    let resp = tokio::time::timeout(PROBE_TIMEOUT, fut)
+        .await
+        .map_err(|_| format!("no answer within {PROBE_TIMEOUT:?}"))?
+        .map_err(|e| e.to_string())?;
+    resp.header().map(|h| h.member_id()).ok_or_else(|| "response without a header".into())
 }
 
 impl Drop for ProcessCluster {

@@ -12,7 +12,11 @@
 //!   and its Debian package: a test that cannot run fails, it never passes by skipping.
 //! - [`guard`]: children that die with the process that started them, even when it is SIGKILLed.
 //! - [`logs`]: the tail of a member's log file, for failure reports.
+//! - [`child`]: one managed server process: start with the guard, pause, resume, SIGTERM with a
+//!   bounded wait, SIGKILL, by PID only; and the bounded readiness loop. The tests' `Cluster`,
+//!   the harness's `ProcessCluster` and `picket local-cluster` are built on it.
 
+pub mod child;
 pub mod guard;
 pub mod logs;
 pub mod ports;

@@ -96,5 +96,26 @@ pub mod picket {
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin"));
 
+/// The first key after every key that starts with `prefix` (etcd's `GetPrefixRangeEnd`): the
+/// `range_end` of a prefix request. Here because the server (locks, queues) and the client
+/// (`--prefix`) both build prefix ranges of the API these messages define.
+///
+/// ```
+/// assert_eq!(picket_proto::prefix_end(b"job/"), b"job0".to_vec());
+/// assert_eq!(picket_proto::prefix_end(b"a\xff"), b"b".to_vec());
+/// assert_eq!(picket_proto::prefix_end(b""), vec![0]);
+/// ```
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every byte was 0xff (or there was none): the range runs to the end of the keyspace.
+    vec![0]
+}
+
 #[cfg(test)]
 mod tests;

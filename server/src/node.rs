@@ -24,6 +24,7 @@ use tokio_stream::StreamExt;
 
 use crate::api::auth::AuthService;
 use crate::api::cluster::{request_gate, ClusterService};
+use crate::api::cluster_peer::ClusterPeerService;
 use crate::api::gateway::{Gateway, SplitLayer};
 use crate::api::http::HttpState;
 use crate::api::kv::KvService;
@@ -38,7 +39,7 @@ use crate::metrics::grpc::GrpcMetricsLayer;
 use crate::metrics::{Metrics, MetricsError};
 use crate::raft::bootstrap;
 use crate::raft::identity::{self, IdentityError};
-use crate::raft::membership::{ClusterControl, ClusterPeerService};
+use crate::raft::membership::ClusterControl;
 use crate::raft::network::Network;
 use crate::raft::proposer::Proposer;
 use crate::raft::service::PeerService;

@@ -59,7 +59,7 @@ use picket_proto::etcdserverpb::{
 };
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
-use picket_proto::picket::raft::v1::{CommandError, RaftCommand};
+use picket_proto::picket::raft::v1::RaftCommand;
 use prost::Message;
 use thiserror::Error;
 
@@ -77,8 +77,6 @@ pub const CLEAR_PERCENT: u64 = 90;
 pub const MONITOR_INTERVAL: Duration = Duration::from_millis(500);
 /// etcd's `ErrGRPCNoSpace` text, verbatim: etcd clients map errors by their message.
 pub const NOSPACE_MESSAGE: &str = "etcdserver: mvcc: database space exceeded";
-/// The metadata key of the hint attached to NOSPACE refusals made before proposing.
-pub const HINT_METADATA: &str = "picket-hint";
 
 /// The `meta` key holding the active alarms (postcard `Vec<(member_id, alarm)>`, sorted).
 pub(crate) const KEY_ALARMS: &[u8] = b"alarm/active";
@@ -171,27 +169,25 @@ pub fn grows_store(cmd: &Cmd) -> bool {
     }
 }
 
-fn nospace_result() -> CmdResult {
-    CmdResult::Error(CommandError {
-        code: tonic::Code::ResourceExhausted as u32,
-        message: NOSPACE_MESSAGE.to_string(),
-    })
-}
+/// A write refused because it would grow the store while a NOSPACE alarm is active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{}", NOSPACE_MESSAGE)]
+pub struct NoSpace;
 
-/// The apply-time check: `Some(error result)` if `cmd` grows the store while a NOSPACE alarm is
+/// The apply-time check: `Err(NoSpace)` if `cmd` grows the store while a NOSPACE alarm is
 /// active in this batch's view of the state machine. Deterministic: it reads only replicated
 /// state. Commands that cannot grow the store do not read the alarm set at all.
 pub fn gate<E: Engine>(
     batch: &ApplyBatch<'_, E>,
     cmd: &Cmd,
-) -> Result<Option<CmdResult>, QuotaError> {
+) -> Result<Result<(), NoSpace>, QuotaError> {
     // A group-committed batch is not refused as a whole: apply gates each command in it, so
     // a delete in the same batch as a refused put still succeeds.
     if matches!(cmd, Cmd::Batch(_)) || !grows_store(cmd) {
-        return Ok(None);
+        return Ok(Ok(()));
     }
     let alarms = decode(batch.get_raw(Cf::Meta, KEY_ALARMS)?)?;
-    Ok(nospace_in(&alarms).then(nospace_result))
+    Ok(if nospace_in(&alarms) { Err(NoSpace) } else { Ok(()) })
 }
 
 /// Applies an `Alarm` command: Activate adds the pair, Deactivate removes it; the response lists
@@ -232,22 +228,10 @@ pub fn alarm_name(alarm: i32) -> &'static str {
     AlarmType::try_from(alarm).map(|a| a.as_str_name()).unwrap_or("UNKNOWN")
 }
 
-/// The status a write refused before proposing gets: etcd's code and message verbatim (clients
-/// match on them), plus a `picket-hint` metadata entry naming the flag and the way out.
-pub fn nospace_status() -> tonic::Status {
-    let mut status = tonic::Status::resource_exhausted(NOSPACE_MESSAGE);
-    let hint = "the store is over --quota-backend-bytes (NOSPACE alarm active): compact, \
-                defragment, then `etcdctl alarm disarm`, or restart with a larger quota";
-    if let Ok(v) = tonic::metadata::MetadataValue::try_from(hint) {
-        status.metadata_mut().insert(HINT_METADATA, v);
-    }
-    status
-}
-
 /// The propose-time check (see the module docs): refuses `cmd` if it grows the store and this
 /// member's copy of the alarm set has NOSPACE. A storage error here lets the command through:
 /// apply checks again from the replicated state, so nothing is lost by not refusing early.
-pub fn check_propose(engine: &RocksEngine, cmd: &Cmd) -> Result<(), tonic::Status> {
+pub fn check_propose(engine: &RocksEngine, cmd: &Cmd) -> Result<(), NoSpace> {
     // Client writes travel wrapped as `AuthChecked` (with auth on or off, `crate::api::auth`):
     // judge the command inside. A wrapper that does not decode is left to apply to refuse.
     let grows = match cmd {
@@ -258,7 +242,7 @@ pub fn check_propose(engine: &RocksEngine, cmd: &Cmd) -> Result<(), tonic::Statu
         other => grows_store(other),
     };
     if grows && read_alarms(engine).is_ok_and(|a| nospace_in(&a)) {
-        return Err(nospace_status());
+        return Err(NoSpace);
     }
     Ok(())
 }

@@ -23,7 +23,7 @@ use picket_proto::picket::raft::v1::auth_command::Op;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::{AuthCommand, AuthEnable, RaftCommand};
-use picket_server::concurrency::{contender_key, mutex, Backend};
+use picket_server::concurrency::{contender_key, mutex, Backend, StoreError};
 use picket_server::raft::types::{Command, Entry};
 use picket_server::storage::rocks::RocksEngine;
 use picket_server::storage::state_machine::{FeedItem, StateMachine};
@@ -83,24 +83,24 @@ impl Member {
 }
 
 impl Backend for Member {
-    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, tonic::Status> {
+    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, StoreError> {
         let cmd = picket_server::auth::replicated::checked(self.checked, Cmd::Txn(req));
         match self.apply(cmd).await {
             CmdResult::Txn(r) => Ok(r),
-            CmdResult::Error(e) => Err(tonic::Status::invalid_argument(e.message)),
-            other => Err(tonic::Status::internal(format!("txn: {other:?}"))),
+            CmdResult::Error(e) => Err(StoreError::Backend(e.message.into())),
+            other => Err(StoreError::Backend(format!("txn: {other:?}").into())),
         }
     }
 
-    async fn range(&self, req: RangeRequest) -> Result<RangeResponse, tonic::Status> {
-        self.shared.reader().range(&req).map_err(|e| tonic::Status::internal(e.to_string()))
+    async fn range(&self, req: RangeRequest) -> Result<RangeResponse, StoreError> {
+        self.shared.reader().range(&req).map_err(|e| StoreError::Backend(Box::new(e)))
     }
 
     fn subscribe(&self) -> broadcast::Receiver<FeedItem> {
         self.shared.subscribe()
     }
 
-    async fn for_cleanup(&self, _key: &[u8]) -> Result<Self, tonic::Status> {
+    async fn for_cleanup(&self, _key: &[u8]) -> Result<Self, StoreError> {
         // What `CtxBackend` does: judge again; the caller may write its key (root here stands
         // for "still permitted"), so the delete carries the current revision.
         Ok(Self { checked: self.shared.auth().revision, ..self.clone() })

@@ -36,7 +36,8 @@ async fn expiry_from_an_earlier_term_is_ignored() {
         .expect("apply");
     match &results[1].0.result {
         Some(CmdResult::Error(e)) => {
-            assert_eq!(e.code, tonic::Code::FailedPrecondition as u32, "{e:?}");
+            let kind = picket_proto::picket::raft::v1::RefusalKind::LeaseExpiryStale;
+            assert_eq!(e.kind, kind as i32, "{e:?}");
             assert!(e.message.contains("stale lease expiry"), "{e:?}");
         }
         other => panic!("stale expiry applied: {other:?}"),

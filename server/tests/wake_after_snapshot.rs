@@ -26,7 +26,7 @@ use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::RaftCommand;
 use picket_proto::v3electionpb::LeaderKey;
-use picket_server::concurrency::{contender_key, election, mutex, Backend};
+use picket_server::concurrency::{contender_key, election, mutex, Backend, StoreError};
 use picket_server::raft::types::{Command, Entry};
 use picket_server::storage::rocks::RocksEngine;
 use picket_server::storage::state_machine::{FeedItem, StateMachine};
@@ -139,19 +139,19 @@ impl TwoMembers {
 }
 
 impl Backend for TwoMembers {
-    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, tonic::Status> {
+    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, StoreError> {
         match self.apply(Cmd::Txn(req)).await {
             CmdResult::Txn(r) => Ok(r),
-            other => Err(tonic::Status::internal(format!("txn: {other:?}"))),
+            other => Err(StoreError::Backend(format!("txn: {other:?}").into())),
         }
     }
 
-    async fn range(&self, req: RangeRequest) -> Result<RangeResponse, tonic::Status> {
+    async fn range(&self, req: RangeRequest) -> Result<RangeResponse, StoreError> {
         let r = self
             .lag
             .shared()
             .with_store(|s| s.range(&req))
-            .map_err(|e| tonic::Status::internal(e.to_string()));
+            .map_err(|e| StoreError::Backend(Box::new(e)));
         self.reads.send_modify(|n| *n += 1);
         r
     }

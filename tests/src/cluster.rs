@@ -9,19 +9,19 @@
 //! dropped without [`Cluster::finish`] (a failed assertion or an early `?` return) prints the tail
 //! of every member's log first, so a failure shows what the servers were doing.
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{bail, Context, Result};
 use etcd_client::{Client, ConnectOptions};
 use tracing::info;
 
 use crate::binary::picketd_bin;
 use crate::util::POLL_INTERVAL;
-use picket_procs::signal::Signal;
+/// What the harness believes about a member's process (`Running`, `Paused`, `Down`).
+pub use picket_procs::child::State as MemberState;
+use picket_procs::child::{open_log, Managed};
 
 /// How long a cluster (or a restarted member) may take to answer a linearizable `get`. Safe
 /// because a member opens its store in well under a second and an election takes a few election
@@ -159,16 +159,6 @@ impl ClusterOptions {
     }
 }
 
-/// What the harness believes about a member's process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemberState {
-    Running,
-    /// SIGSTOPped by [`Cluster::pause`].
-    Paused,
-    /// Never started, killed or stopped.
-    Down,
-}
-
 struct Member {
     name: String,
     client_url: String,
@@ -176,11 +166,10 @@ struct Member {
     data_dir: PathBuf,
     stdout_log: PathBuf,
     stderr_log: PathBuf,
-    child: Option<Child>,
-    paused: bool,
+    /// The process: started, signalled and stopped by its PID only.
+    proc: Managed,
     /// `header.member_id` as last reported by this member.
     member_id: Option<u64>,
-    starts: u32,
     /// For a member added to a running cluster ([`Cluster::prepare_member`]): the
     /// `--initial-cluster` it starts with, under `--initial-cluster-state existing`.
     joined_with: Option<String>,
@@ -196,19 +185,12 @@ pub struct Cluster {
     finished: bool,
 }
 
-/// Reserves `n` loopback ports that no other test process and no user's etcd can hold
-/// ([`picket_procs::ports`]).
-fn free_ports(n: usize) -> Result<Vec<u16>> {
-    picket_procs::ports::reserve(n).context("reserving loopback ports")
-}
-
-/// Sends `signal` to our child `pid` (kill(2), no `kill` binary needed).
-fn send_signal(pid: u32, signal: Signal) -> Result<()> {
-    picket_procs::signal::send(pid, signal).context("signalling a member")
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    picket_procs::logs::tail(path, lines)
+/// One linearizable `get` against `url`, returning the member id in its header.
+async fn probe(url: String, tls: Option<etcd_client::TlsOptions>) -> Result<u64> {
+    let mut c = connect_tls(&url, PROBE_TIMEOUT, tls).await?;
+    let resp = c.get("picket-e2e-ready", None).await?;
+    let header = resp.header().context("range response without a header")?;
+    Ok(header.member_id())
 }
 
 /// Builds a client connected to exactly one endpoint, with bounded connect and request times.
@@ -262,7 +244,7 @@ impl Cluster {
             .prefix("picket-e2e-")
             .tempdir()
             .context("creating the data root")?;
-        let ports = free_ports(2 * n)?;
+        let ports = picket_procs::ports::reserve(2 * n).context("reserving loopback ports")?;
         let members: Vec<Member> = (0..n)
             .map(|i| {
                 let name = format!("n{}", i + 1);
@@ -272,11 +254,9 @@ impl Cluster {
                     data_dir: root.path().join(format!("{name}.data")),
                     stdout_log: root.path().join(format!("{name}.stdout.log")),
                     stderr_log: root.path().join(format!("{name}.stderr.log")),
+                    proc: Managed::new(name.clone()),
                     name,
-                    child: None,
-                    paused: false,
                     member_id: None,
-                    starts: 0,
                     joined_with: None,
                 }
             })
@@ -334,12 +314,7 @@ impl Cluster {
     }
 
     pub fn state(&self, i: usize) -> MemberState {
-        let m = &self.members[i];
-        match (&m.child, m.paused) {
-            (None, _) => MemberState::Down,
-            (Some(_), true) => MemberState::Paused,
-            (Some(_), false) => MemberState::Running,
-        }
+        self.members[i].proc.state()
     }
 
     /// A client connected to member `i` only, with [`REQUEST_TIMEOUT`] per request. The
@@ -422,7 +397,7 @@ impl Cluster {
     /// starts with `--initial-cluster-state existing` and an `--initial-cluster` listing every
     /// current member and itself. Returns its index.
     pub fn prepare_member(&mut self) -> Result<usize> {
-        let ports = free_ports(2)?;
+        let ports = picket_procs::ports::reserve(2).context("reserving loopback ports")?;
         let i = self.members.len();
         let name = format!("n{}", i + 1);
         let root = self.root().to_path_buf();
@@ -440,11 +415,9 @@ impl Cluster {
             data_dir: root.join(format!("{name}.data")),
             stdout_log: root.join(format!("{name}.stdout.log")),
             stderr_log: root.join(format!("{name}.stderr.log")),
+            proc: Managed::new(name.clone()),
             name,
-            child: None,
-            paused: false,
             member_id: None,
-            starts: 0,
             joined_with: Some(joined_with),
         });
         Ok(i)
@@ -453,97 +426,52 @@ impl Cluster {
     /// Waits (at most `timeout`) for member `i`'s process to exit on its own, e.g. after it was
     /// removed from the cluster, and returns its exit status.
     pub async fn wait_exit(&mut self, i: usize, timeout: Duration) -> Result<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.try_wait(i)? {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                bail!("member {} still running after {timeout:?}", self.members[i].name);
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
+        Ok(self.members[i].proc.wait_exit(timeout).await?)
     }
 
     /// Starts member `i`'s process without waiting for it to serve.
     pub fn spawn(&mut self, i: usize) -> Result<()> {
-        if self.members[i].child.is_some() {
-            bail!("member {} is already running", self.members[i].name);
-        }
         let args = self.args(i);
         let m = &mut self.members[i];
-        let open = |p: &Path| OpenOptions::new().create(true).append(true).open(p);
-        let stdout =
-            open(&m.stdout_log).with_context(|| format!("opening {}", m.stdout_log.display()))?;
-        let mut stderr =
-            open(&m.stderr_log).with_context(|| format!("opening {}", m.stderr_log.display()))?;
-        m.starts += 1;
-        writeln!(
-            stderr,
+        let header = format!(
             "=== picket-tests: start #{} of {}: {} {} ===",
-            m.starts,
+            m.proc.starts() + 1,
             m.name,
             self.bin.display(),
             args.join(" ")
-        )?;
-        // Through `setpriv --pdeathsig KILL`: a member dies with the test even when the test
-        // process is SIGKILLed and no `Drop` runs.
-        let child = picket_procs::guard::command(&self.bin)?
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            .spawn()
-            .with_context(|| format!("spawning {}", self.bin.display()))?;
-        info!(member = %m.name, pid = child.id(), start = m.starts, "spawned member");
-        m.child = Some(child);
-        m.paused = false;
+        );
+        let stdout = open_log(&m.stdout_log, &header)?;
+        let stderr = open_log(&m.stderr_log, &header)?;
+        let mut cmd = Managed::command(&self.bin, stdout, stderr)?;
+        cmd.args(&args);
+        let pid = m.proc.start(cmd)?;
+        info!(member = %m.name, pid, start = m.proc.starts(), "spawned member");
         Ok(())
-    }
-
-    /// One linearizable `get` against member `i`, returning the member id in its header.
-    async fn probe(&self, i: usize) -> Result<u64> {
-        let mut c =
-            connect_tls(&self.members[i].client_url, PROBE_TIMEOUT, self.opts.client_tls.clone())
-                .await?;
-        let resp = c.get("picket-e2e-ready", None).await?;
-        let header = resp.header().context("range response without a header")?;
-        Ok(header.member_id())
     }
 
     /// Waits until member `i` answers a linearizable `get`, failing early if its process exits.
     pub async fn wait_ready(&mut self, i: usize, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        // Bounded in count too: each attempt takes at least POLL_INTERVAL.
-        let max_attempts = timeout.as_millis() / POLL_INTERVAL.as_millis() + 1;
-        let mut last_err = anyhow!("no attempt made");
-        for _ in 0..max_attempts {
-            if let Some(status) = self.try_wait(i)? {
-                bail!(
-                    "member {} exited ({status}) before serving; log tail:\n{}",
-                    self.members[i].name,
-                    self.log_tail(i)
-                );
-            }
-            match self.probe(i).await {
-                Ok(id) => {
-                    self.members[i].member_id = Some(id);
-                    return Ok(());
-                }
-                Err(e) => last_err = e,
-            }
-            if Instant::now() >= deadline {
-                break;
-            }
-            tokio::time::sleep(POLL_INTERVAL).await;
-        }
-        bail!(
-            "member {} ({}) did not answer a linearizable get within {timeout:?}; last error: \
-             {last_err:#}; log tail:\n{}",
-            self.members[i].name,
-            self.members[i].client_url,
-            self.log_tail(i)
+        let url = self.members[i].client_url.clone();
+        let tls = self.opts.client_tls.clone();
+        let probe = || probe(url.clone(), tls.clone());
+        let ready = picket_procs::child::wait_ready(
+            &mut self.members[i].proc,
+            timeout,
+            POLL_INTERVAL,
+            probe,
         )
+        .await;
+        match ready {
+            Ok(id) => {
+                self.members[i].member_id = Some(id);
+                Ok(())
+            }
+            Err(e) => bail!(
+                "member {} ({url}) did not answer a linearizable get: {e}; log tail:\n{}",
+                self.members[i].name,
+                self.log_tail(i)
+            ),
+        }
     }
 
     /// Waits until every running member is ready, sharing one `timeout`.
@@ -558,60 +486,19 @@ impl Cluster {
         Ok(())
     }
 
-    fn try_wait(&mut self, i: usize) -> Result<Option<ExitStatus>> {
-        let m = &mut self.members[i];
-        let Some(child) = m.child.as_mut() else {
-            bail!("member {} is not running", m.name);
-        };
-        let status = child.try_wait().context("checking the member process")?;
-        if status.is_some() {
-            m.child = None;
-            m.paused = false;
-        }
-        Ok(status)
-    }
-
-    fn pid(&self, i: usize) -> Result<u32> {
-        let m = &self.members[i];
-        m.child.as_ref().map(Child::id).with_context(|| format!("member {} is not running", m.name))
-    }
-
-    /// SIGKILLs member `i` and reaps it. A SIGKILLed process cannot delay its exit, so the
-    /// `wait` returns as soon as the kernel has torn it down.
+    /// SIGKILLs member `i` and reaps it.
     pub fn kill(&mut self, i: usize) -> Result<()> {
         let m = &mut self.members[i];
-        let mut child =
-            m.child.take().with_context(|| format!("member {} is not running", m.name))?;
-        info!(member = %m.name, pid = child.id(), "SIGKILL");
-        child.kill().context("SIGKILL")?;
-        child.wait().context("reaping a killed member")?;
-        m.paused = false;
-        Ok(())
+        info!(member = %m.name, pid = m.proc.pid()?, "SIGKILL");
+        Ok(m.proc.kill()?)
     }
 
     /// SIGTERMs member `i` and waits (at most [`STOP_TIMEOUT`]) for a clean exit. A member
     /// that does not exit in time is SIGKILLed and reported as an error.
     pub async fn stop(&mut self, i: usize) -> Result<ExitStatus> {
-        if self.members[i].paused {
-            self.resume(i)?;
-        }
-        let pid = self.pid(i)?;
-        info!(member = %self.members[i].name, pid, "SIGTERM");
-        send_signal(pid, Signal::TERM)?;
-        let deadline = Instant::now() + STOP_TIMEOUT;
-        loop {
-            if let Some(status) = self.try_wait(i)? {
-                return Ok(status);
-            }
-            if Instant::now() >= deadline {
-                let name = self.members[i].name.clone();
-                self.kill(i)?;
-                bail!(
-                    "member {name} did not exit within {STOP_TIMEOUT:?} of SIGTERM; SIGKILLed it"
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let m = &mut self.members[i];
+        info!(member = %m.name, pid = m.proc.pid()?, "SIGTERM");
+        Ok(m.proc.terminate(STOP_TIMEOUT).await?)
     }
 
     /// Starts member `i` again with the same flags and data directory and waits until it serves
@@ -634,20 +521,16 @@ impl Cluster {
 
     /// SIGSTOPs member `i`: it keeps its sockets but does nothing, like a long GC pause.
     pub fn pause(&mut self, i: usize) -> Result<()> {
-        let pid = self.pid(i)?;
-        info!(member = %self.members[i].name, pid, "SIGSTOP");
-        send_signal(pid, Signal::STOP)?;
-        self.members[i].paused = true;
-        Ok(())
+        let m = &mut self.members[i];
+        info!(member = %m.name, pid = m.proc.pid()?, "SIGSTOP");
+        Ok(m.proc.pause()?)
     }
 
     /// SIGCONTs a paused member.
     pub fn resume(&mut self, i: usize) -> Result<()> {
-        let pid = self.pid(i)?;
-        info!(member = %self.members[i].name, pid, "SIGCONT");
-        send_signal(pid, Signal::CONT)?;
-        self.members[i].paused = false;
-        Ok(())
+        let m = &mut self.members[i];
+        info!(member = %m.name, pid = m.proc.pid()?, "SIGCONT");
+        Ok(m.proc.resume()?)
     }
 
     /// Path of member `i`'s stderr log (where picketd logs), for checks on the whole log.
@@ -657,7 +540,7 @@ impl Cluster {
 
     /// The tail of member `i`'s stderr log (where picketd logs).
     pub fn log_tail(&self, i: usize) -> String {
-        tail(&self.members[i].stderr_log, LOG_TAIL_LINES)
+        picket_procs::logs::tail(&self.members[i].stderr_log, LOG_TAIL_LINES)
     }
 
     /// Prints the tail of every member's logs to stderr.
@@ -668,7 +551,7 @@ impl Cluster {
                 m.name, m.client_url
             );
             eprintln!("{}", self.log_tail(i));
-            let out = tail(&m.stdout_log, 10);
+            let out = picket_procs::logs::tail(&m.stdout_log, 10);
             if !out.trim().is_empty() {
                 eprintln!("----- {} stdout, last 10 lines -----\n{out}", m.name);
             }
@@ -683,11 +566,9 @@ impl Cluster {
 
     fn kill_all(&mut self) {
         for m in &mut self.members {
-            if let Some(mut child) = m.child.take() {
-                // Errors are ignored: the process may have exited on its own already. The wait
-                // is prompt because a SIGKILLed process cannot delay its exit.
-                let _ = child.kill();
-                let _ = child.wait();
+            if m.proc.is_running() {
+                // Errors are ignored: the process may have exited on its own already.
+                let _ = m.proc.kill();
             }
         }
     }

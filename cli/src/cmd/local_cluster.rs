@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use picket_client::{Client, ConnectOptions, GetOptions};
-use rustix::process::Signal;
-use tokio::process::{Child, Command};
+use picket_procs::child::{open_log, Managed};
 
-use super::signals::{interrupted, send};
+use super::signals::interrupted;
 use super::Ctx;
 use crate::args::parse_duration;
 use crate::exit;
@@ -63,10 +62,16 @@ fn find_picketd() -> Result<PathBuf> {
     ))
 }
 
+/// How often `first_exit` looks at the members. A member that dies is reported within this;
+/// nothing waits on it to be faster.
+const EXIT_POLL: Duration = Duration::from_millis(200);
+
 struct Member {
     name: String,
     client_url: String,
-    child: Child,
+    /// Started with a parent-death signal (if `picket` dies without stopping them, the members
+    /// do not linger), signalled and stopped by its PID only.
+    proc: Managed,
 }
 
 pub async fn run(ctx: &Ctx, a: LocalClusterArgs) -> Result<u8> {
@@ -91,29 +96,10 @@ pub async fn run(ctx: &Ctx, a: LocalClusterArgs) -> Result<u8> {
     for (i, port) in a.client_ports.iter().enumerate() {
         let name = format!("n{}", i + 1);
         let client_url = format!("http://127.0.0.1:{port}");
-        let peer_url = format!("http://127.0.0.1:{}", port + 1);
-        let log_path = a.data_dir.join(format!("{name}.log"));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .with_context(|| format!("opening {}", log_path.display()))?;
-        let child = Command::new(&bin)
-            .args(["--name", &name])
-            .arg("--data-dir")
-            .arg(a.data_dir.join(&name))
-            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &cluster, "--initial-cluster-state", "new"])
-            .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            // If picket itself dies without stopping them, the members must not linger.
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()));
+        let mut proc = Managed::new(name.clone());
+        let child = start_member(&mut proc, &bin, &a.data_dir, &name, *port, &cluster);
         match child {
-            Ok(child) => members.push(Member { name, client_url, child }),
+            Ok(()) => members.push(Member { name, client_url, proc }),
             Err(e) => {
                 stop_all(&mut members, a.stop_timeout).await;
                 return Err(e);
@@ -149,7 +135,8 @@ pub async fn run(ctx: &Ctx, a: LocalClusterArgs) -> Result<u8> {
             return Err(e.context(format!("see {}/n*.log", a.data_dir.display())));
         }
     }
-    let pids: Vec<String> = members.iter().map(|m| m.child.id().unwrap_or(0).to_string()).collect();
+    let pids: Vec<String> =
+        members.iter().map(|m| m.proc.pid().map_or(0, |p| p).to_string()).collect();
     let list = bare.join(",");
     if ctx.format() == Format::Json {
         output::json_line(&serde_json::json!({
@@ -204,36 +191,65 @@ async fn wait_ready(endpoints: &[String], timeout: Duration) -> Result<()> {
     Err(exit::fail(exit::UNAVAILABLE, format!("cluster not serving after {timeout:?}: {last}")))
 }
 
-/// Resolves when any member exits, describing which and how.
+/// Resolves when any member exits, describing which and how. Polls (every [`EXIT_POLL`]): the
+/// members are ours and reaped only here or in `stop_all`, so a PID never names another process.
 async fn first_exit(members: &mut [Member]) -> String {
-    let waits = members.iter_mut().map(|m| {
-        Box::pin(async move {
-            let status = m.child.wait().await;
-            match status {
-                Ok(s) => format!("member {} exited ({s})", m.name),
-                Err(e) => format!("member {} could not be waited on: {e}", m.name),
+    loop {
+        for m in members.iter_mut() {
+            match m.proc.try_wait() {
+                Ok(Some(s)) => return format!("member {} exited ({s})", m.name),
+                Ok(None) => {}
+                Err(e) => return format!("member {} could not be waited on: {e}", m.name),
             }
-        })
-    });
-    futures::future::select_all(waits).await.0
+        }
+        tokio::time::sleep(EXIT_POLL).await;
+    }
 }
 
 /// SIGTERM to every member, then SIGKILL to those still running after `grace`.
 async fn stop_all(members: &mut [Member], grace: Duration) {
-    for m in members.iter() {
-        if let Some(pid) = m.child.id() {
-            send(pid, Signal::TERM);
+    for m in members.iter_mut() {
+        if m.proc.is_running() {
+            let _ = m.proc.term();
         }
     }
     for m in members.iter_mut() {
+        if !m.proc.is_running() {
+            continue;
+        }
         // Bounded by `grace`; a member that ignores SIGTERM that long is killed.
-        if tokio::time::timeout(grace, m.child.wait()).await.is_err() {
+        if m.proc.wait_exit(grace).await.is_err() && m.proc.is_running() {
             output::note(format!(
                 "member {} did not stop within {grace:?}; sending SIGKILL",
                 m.name
             ));
-            let _ = m.child.start_kill();
-            let _ = m.child.wait().await;
+            let _ = m.proc.kill();
         }
     }
+}
+
+/// Starts member `name` of `cluster` on `proc`, serving clients on `port` and peers on
+/// `port + 1`, logging to `<data_dir>/<name>.log`.
+fn start_member(
+    proc: &mut Managed,
+    bin: &Path,
+    data_dir: &Path,
+    name: &str,
+    port: u16,
+    cluster: &str,
+) -> Result<()> {
+    let client_url = format!("http://127.0.0.1:{port}");
+    let peer_url = format!("http://127.0.0.1:{}", port + 1);
+    let log_path = data_dir.join(format!("{name}.log"));
+    let header = format!("=== picket local-cluster: start of {name}: {} ===", bin.display());
+    let log = open_log(&log_path, &header)?;
+    let mut cmd = Managed::command(bin, log.try_clone()?, log)?;
+    cmd.args(["--name", name])
+        .arg("--data-dir")
+        .arg(data_dir.join(name))
+        .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+        .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+        .args(["--initial-cluster", cluster, "--initial-cluster-state", "new"]);
+    proc.start(cmd).with_context(|| format!("starting {}", bin.display()))?;
+    Ok(())
 }

@@ -29,8 +29,9 @@ use picket_proto::picket::raft::v1::{AuthCommand, AuthEnable};
 use picket_proto::picket::storage::v1::AuthState;
 use std::sync::Arc;
 use tonic::metadata::MetadataMap;
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 
+use super::status::auth_status;
 use super::{unexpected, Ctx};
 use crate::auth::perm::{self, Need};
 use crate::auth::{password, store, token, AuthError};
@@ -46,23 +47,6 @@ impl Default for AuthGate {
     fn default() -> Self {
         Self { token_ttl: Duration::from_secs(300), bcrypt_cost: password::DEFAULT_COST }
     }
-}
-
-/// etcd's gRPC code for each auth error (its `toGRPCErrorMap`).
-pub fn auth_status(e: &AuthError) -> Status {
-    let code = match e {
-        AuthError::UserEmpty
-        | AuthError::RoleEmpty
-        | AuthError::AuthFailed
-        | AuthError::AuthOldRevision
-        | AuthError::InvalidPermRange
-        | AuthError::InvalidHash
-        | AuthError::PasswordTooLong => Code::InvalidArgument,
-        AuthError::PermissionDenied => Code::PermissionDenied,
-        AuthError::InvalidAuthToken => Code::Unauthenticated,
-        _ => Code::FailedPrecondition,
-    };
-    Status::new(code, e.to_string())
 }
 
 /// Who sent a request, and the auth store it is judged against.
@@ -116,8 +100,7 @@ impl Ctx {
         let Some(raw) = meta.get("token") else {
             return Err(auth_status(&AuthError::UserEmpty));
         };
-        let claims =
-            token::parse(raw.to_str().map_err(|_| invalid())?).map_err(|e| auth_status(&e))?;
+        let claims = token::parse(raw.to_str().map_err(|_| invalid())?)?;
         if state.revision < claims.auth_revision {
             // Issued by a member that is ahead of us: catch up before judging it.
             self.read_barrier().await?;
@@ -127,8 +110,7 @@ impl Ctx {
             }
         }
         let user = store::find_user(&state, &claims.user).ok_or_else(invalid)?;
-        token::verify(&state.signing_key, &claims, &user.password, now_unix())
-            .map_err(|e| auth_status(&e))?;
+        token::verify(&state.signing_key, &claims, &user.password, now_unix())?;
         Ok(Judged::User(AuthInfo { user: claims.user, state }))
     }
 

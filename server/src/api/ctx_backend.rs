@@ -21,7 +21,7 @@ use tonic::metadata::MetadataMap;
 use tonic::Status;
 
 use super::{unexpected, Ctx};
-use crate::concurrency::Backend;
+use crate::concurrency::{Backend, StoreError};
 use crate::storage::state_machine::FeedItem;
 
 /// TTL of the lease Picket grants for a Lock or Campaign that names no lease. etcd keeps such a
@@ -41,24 +41,31 @@ pub struct CtxBackend {
     meta: Arc<MetadataMap>,
 }
 
+/// The status a request failed with, carried through the concurrency and queue code untouched;
+/// `status::store_status` takes it out again.
+fn store(s: Status) -> StoreError {
+    StoreError::Backend(Box::new(s))
+}
+
 impl Backend for CtxBackend {
-    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, Status> {
-        super::kv::txn(&self.ctx, self.checked, req).await
+    async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, StoreError> {
+        super::kv::txn(&self.ctx, self.checked, req).await.map_err(store)
     }
 
-    async fn range(&self, req: RangeRequest) -> Result<RangeResponse, Status> {
-        super::kv::range(&self.ctx, req).await
+    async fn range(&self, req: RangeRequest) -> Result<RangeResponse, StoreError> {
+        super::kv::range(&self.ctx, req).await.map_err(store)
     }
 
     fn subscribe(&self) -> broadcast::Receiver<FeedItem> {
         self.ctx.sm.subscribe()
     }
 
-    async fn for_cleanup(&self, key: &[u8]) -> Result<Self, Status> {
+    async fn for_cleanup(&self, key: &[u8]) -> Result<Self, StoreError> {
         // The caller's permission to delete its own key, as Unlock would judge it now. If auth
         // was enabled while it waited and it has no token, this fails and the key stays until
         // its lease expires (the caller would not be allowed to delete it by Unlock either).
-        let checked = self.ctx.authorize(&self.meta, &[super::auth::write_key(key)]).await?;
+        let checked =
+            self.ctx.authorize(&self.meta, &[super::auth::write_key(key)]).await.map_err(store)?;
         Ok(Self { checked, ..self.clone() })
     }
 }

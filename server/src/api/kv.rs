@@ -11,7 +11,6 @@ use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use tonic::{Request, Response, Status};
 
-use super::status::mvcc_status;
 use super::{unexpected, Ctx};
 use crate::mvcc::validate;
 
@@ -27,7 +26,7 @@ impl KvService {
 
 /// Serves a range from the local store (after a read barrier unless serializable).
 pub async fn range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse, Status> {
-    validate::range(&req).map_err(|e| mvcc_status(&e))?;
+    validate::range(&req)?;
     if !req.serializable {
         ctx.read_barrier().await?;
     }
@@ -37,8 +36,8 @@ pub async fn range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse, Status
 /// Serves a range from the local store as it is now: the caller has taken the read barrier a
 /// linearizable read needs (`Ctx::authorize_read` does).
 pub(crate) fn local_range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse, Status> {
-    validate::range(&req).map_err(|e| mvcc_status(&e))?;
-    let mut resp = ctx.sm.reader().range(&req).map_err(|e| mvcc_status(&e))?;
+    validate::range(&req)?;
+    let mut resp = ctx.sm.reader().range(&req)?;
     ctx.stamp(&mut resp.header);
     Ok(resp)
 }
@@ -54,7 +53,7 @@ pub(crate) fn txn_command(checked: Option<u64>, req: TxnRequest) -> Cmd {
 /// queues and subscriptions send their txns through here.
 pub async fn txn(ctx: &Ctx, checked: Option<u64>, req: TxnRequest) -> Result<TxnResponse, Status> {
     ctx.check_size(&req)?;
-    validate::txn(&req, ctx.max_txn_ops).map_err(|e| mvcc_status(&e))?;
+    validate::txn(&req, ctx.max_txn_ops)?;
     match ctx.propose(txn_command(checked, req)).await? {
         CmdResult::Txn(mut r) => {
             ctx.stamp(&mut r.header);
@@ -81,7 +80,7 @@ impl Kv for KvService {
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
         let (meta, _, req) = req.into_parts();
         self.ctx.check_size(&req)?;
-        validate::put(&req).map_err(|e| mvcc_status(&e))?;
+        validate::put(&req)?;
         let mut needs = Vec::new();
         crate::auth::perm::put_needs(&req, &mut needs);
         let checked = self.ctx.authorize(&meta, &needs).await?;
@@ -101,7 +100,7 @@ impl Kv for KvService {
     ) -> Result<Response<DeleteRangeResponse>, Status> {
         let (meta, _, req) = req.into_parts();
         self.ctx.check_size(&req)?;
-        validate::delete_range(&req).map_err(|e| mvcc_status(&e))?;
+        validate::delete_range(&req)?;
         let mut needs = Vec::new();
         crate::auth::perm::delete_needs(&req, &mut needs);
         let checked = self.ctx.authorize(&meta, &needs).await?;
@@ -121,7 +120,7 @@ impl Kv for KvService {
         // is still proposed, so apply re-validates it like any write. Judged also when auth
         // looks off here, so the txn carries the auth revision (issue 19).
         self.ctx.check_size(&req)?;
-        validate::txn(&req, self.ctx.max_txn_ops).map_err(|e| mvcc_status(&e))?;
+        validate::txn(&req, self.ctx.max_txn_ops)?;
         let checked = self.ctx.authorize(&meta, &crate::auth::perm::txn_needs(&req)).await?;
         txn(&self.ctx, checked, req).await.map(Response::new)
     }

@@ -28,7 +28,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Code, Request, Response, Status, Streaming};
 
-use super::status::{lease_status, mvcc_status};
+use super::status::lease_status;
 use super::{unexpected, Ctx};
 use crate::lease::{LeaseClock, LeaseError, MAX_TTL_SECONDS};
 use crate::raft::proposer::ProposeError;
@@ -167,11 +167,7 @@ pub async fn time_to_live_local(
         });
     };
     let ttl = ctx.lease_leader.clock.lock().remaining_seconds(req.id, granted, Instant::now());
-    let keys = if req.keys {
-        ctx.sm.reader().keys_of_lease(req.id).map_err(|e| mvcc_status(&e))?
-    } else {
-        Vec::new()
-    };
+    let keys = if req.keys { ctx.sm.reader().keys_of_lease(req.id)? } else { Vec::new() };
     Ok(LeaseTimeToLiveResponse {
         header: Some(ctx.header(ctx.sm.revision())),
         id: req.id,
@@ -312,12 +308,7 @@ impl Lease for LeaseService {
         let mut checked = self.ctx.authorize(&meta, &[]).await?;
         if self.ctx.auth_enabled() {
             self.ctx.read_barrier().await?;
-            let keys = self
-                .ctx
-                .sm
-                .reader()
-                .keys_of_lease(req.id)
-                .map_err(|e| super::status::mvcc_status(&e))?;
+            let keys = self.ctx.sm.reader().keys_of_lease(req.id)?;
             let needs: Vec<_> = keys
                 .iter()
                 .map(|k| crate::auth::Need::Write(crate::auth::KeyRange::new(k, &[])))

@@ -22,7 +22,7 @@ use picket_proto::picket::v1::{
 use tonic::{Request, Response, Status};
 
 use super::ctx_backend::CtxBackend;
-use super::status::{concurrency_status, mvcc_status};
+use super::status::concurrency_status;
 use super::{unexpected, Ctx};
 use crate::concurrency::mutex::{self, TryLock};
 use crate::mvcc::validate;
@@ -141,9 +141,7 @@ impl Locks for LocksService {
         let needs = super::auth::contender_needs(&req.name, true);
         let backend = CtxBackend::authorize(&self.ctx, &meta, &needs).await?;
         require_lease(req.lease)?;
-        let out = mutex::try_lock(&backend, &req.name, req.lease)
-            .await
-            .map_err(|e| concurrency_status(&e))?;
+        let out = mutex::try_lock(&backend, &req.name, req.lease).await?;
         let resp = match out {
             TryLock::Acquired(g) => {
                 let mut header = g.header;
@@ -185,8 +183,7 @@ impl Locks for LocksService {
             }
         } else {
             wait.await
-        }
-        .map_err(|e| concurrency_status(&e))?;
+        }?;
         let mut header = grant.header;
         self.ctx().stamp(&mut header);
         Ok(Response::new(LockResponse { header, key: grant.key, token: grant.token }))
@@ -203,7 +200,7 @@ impl Locks for LocksService {
         let backend = CtxBackend::new(self.ctx.clone(), &meta, None);
         let read = mutex::contenders(&backend, &req.name).await;
         self.ctx().authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
-        let (kvs, mut header) = read.map_err(|e| concurrency_status(&e))?;
+        let (kvs, mut header) = read?;
         let mut all = Vec::with_capacity(kvs.len());
         for (i, kv) in kvs.iter().enumerate() {
             all.push(self.contender(kv, i < INSPECT_TTL_LIMIT).await);
@@ -246,7 +243,7 @@ impl Locks for LocksService {
         let (meta, _, req) = req.into_parts();
         let txn = req.txn.unwrap_or_default();
         self.ctx().check_size(&txn)?;
-        validate::txn(&txn, self.ctx().max_txn_ops).map_err(|e| mvcc_status(&e))?;
+        validate::txn(&txn, self.ctx().max_txn_ops)?;
         if req.name.is_empty() {
             return Err(Status::invalid_argument("etcdserver: key is not provided"));
         }

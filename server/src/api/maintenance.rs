@@ -25,7 +25,7 @@ use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use tonic::{Request, Response, Status};
 
-use super::status::{membership_status, mvcc_status, storage_failure};
+use super::status::storage_failure;
 use super::Ctx;
 use crate::mvcc::hash::{hash_kv, hash_store};
 use crate::raft::membership::ClusterControl;
@@ -207,8 +207,7 @@ impl Maintenance for MaintenanceService {
             hash_store(&view).map(|h| (h, revision))
         })
         .await
-        .map_err(|e| storage_failure("hash", e))?
-        .map_err(|e| mvcc_status(&e))?;
+        .map_err(|e| storage_failure("hash", e))??;
         Ok(Response::new(HashResponse { header: Some(self.ctx.header(revision)), hash }))
     }
 
@@ -223,8 +222,7 @@ impl Maintenance for MaintenanceService {
         // Reads the whole kv column family: keep it off the async workers.
         let h = tokio::task::spawn_blocking(move || hash_kv(&engine.view(), rev))
             .await
-            .map_err(|e| storage_failure("hash", e))?
-            .map_err(|e| mvcc_status(&e))?;
+            .map_err(|e| storage_failure("hash", e))??;
         Ok(Response::new(HashKvResponse {
             header: Some(self.ctx.header(h.current_revision)),
             hash: h.hash,
@@ -271,7 +269,7 @@ impl Maintenance for MaintenanceService {
         req: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
         self.ctx.authorize_admin(req.metadata()).await?;
-        self.control.execute(Op::MoveLeader(req.into_inner())).await.map_err(membership_status)?;
+        self.control.execute(Op::MoveLeader(req.into_inner())).await?;
         Ok(Response::new(MoveLeaderResponse {
             header: Some(self.ctx.header(self.ctx.sm.revision())),
         }))

@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod cluster_peer;
 pub mod compact_steps;
 pub mod ctx_backend;
 pub mod gateway;
@@ -84,7 +85,7 @@ impl Ctx {
         let timer = self.metrics.start_proposal();
         let result = self.proposer.propose(Command(RaftCommand { cmd: Some(cmd) })).await;
         timer.finish(result.is_ok());
-        let result = result.map_err(status::propose_status)?;
+        let result = result?;
         match result.result {
             Some(CmdResult::Error(e)) => Err(status::command_error_status(&e)),
             Some(r) => Ok(r),

@@ -15,12 +15,12 @@ use picket_proto::picket::v1::{
     QueueJobRecord, RequeueJobRequest, RequeueJobResponse,
 };
 use tonic::metadata::MetadataMap;
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 
 use super::ctx_backend::CtxBackend;
 use super::Ctx;
 use crate::auth::{KeyRange, Need};
-use crate::queue::{self, ops, validate, QueueError};
+use crate::queue::{self, ops, validate};
 
 /// Dead letters listed when the request names no limit.
 const DEFAULT_DEAD_LIST: u32 = 100;
@@ -40,25 +40,6 @@ pub fn now_ms() -> u64 {
 #[allow(clippy::disallowed_methods)]
 fn new_job_id() -> String {
     format!("{:016x}", rand::random::<u64>())
-}
-
-/// Maps a queue error to its status: the one table for `picket.v1.Queue`, so handlers use `?`.
-impl From<QueueError> for Status {
-    fn from(e: QueueError) -> Self {
-        queue_status(&e)
-    }
-}
-
-/// Maps a queue error to its status.
-pub fn queue_status(e: &QueueError) -> Status {
-    match e {
-        QueueError::Store(s) => s.clone(),
-        QueueError::InvalidArgument(m) => Status::invalid_argument(m.clone()),
-        QueueError::StaleClaim { .. } => Status::failed_precondition(e.to_string()),
-        QueueError::NotDead { .. } => Status::not_found(e.to_string()),
-        QueueError::Corrupt { .. } => Status::internal(e.to_string()),
-        QueueError::Contended(_) => Status::new(Code::Aborted, e.to_string()),
-    }
 }
 
 pub struct QueueService {

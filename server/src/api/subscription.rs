@@ -26,7 +26,6 @@ use picket_proto::picket::v1::{
 use prost::Message;
 use tonic::{Request, Response, Status};
 
-use super::status::mvcc_status;
 use super::{unexpected, Ctx};
 use crate::auth::{KeyRange, Need};
 use crate::subscription::{self as sub, GROUP_PREFIX, GROUP_PREFIX_END};
@@ -49,7 +48,7 @@ impl SubscriptionsService {
     }
 
     fn compact_revision(&self) -> Result<i64, Status> {
-        let (_, compacted) = self.ctx.sm.reader().revisions().map_err(|e| mvcc_status(&e))?;
+        let (_, compacted) = self.ctx.sm.reader().revisions()?;
         Ok(compacted)
     }
 
@@ -146,7 +145,7 @@ impl Subscriptions for SubscriptionsService {
         // Pin "now" and check the start against the compaction point after a read barrier, so
         // a start the caller saw as valid is judged against a state at least that new.
         self.ctx.read_barrier().await?;
-        let (current, compacted) = self.ctx.sm.reader().revisions().map_err(|e| mvcc_status(&e))?;
+        let (current, compacted) = self.ctx.sm.reader().revisions()?;
         let start = if req.start_revision == 0 { current + 1 } else { req.start_revision };
         if start < compacted {
             return Err(Status::out_of_range(format!(

@@ -51,9 +51,8 @@ impl Election for ElectionService {
         let needs = super::auth::contender_needs(&req.name, true);
         let backend = CtxBackend::authorize(&self.ctx, &meta, &needs).await?;
         let lease = backend.lease_or_implicit(req.lease).await?;
-        let (leader, mut header) = election::campaign(&backend, &req.name, lease, &req.value)
-            .await
-            .map_err(|e| concurrency_status(&e))?;
+        let (leader, mut header) =
+            election::campaign(&backend, &req.name, lease, &req.value).await?;
         self.ctx.stamp(&mut header);
         Ok(Response::new(CampaignResponse { header, leader: Some(leader) }))
     }
@@ -67,9 +66,7 @@ impl Election for ElectionService {
         let leader = req.leader.ok_or_else(missing_leader)?;
         let backend =
             CtxBackend::authorize(&self.ctx, &meta, &[super::auth::write_key(&leader.key)]).await?;
-        let mut header = election::proclaim(&backend, &leader, &req.value)
-            .await
-            .map_err(|e| concurrency_status(&e))?;
+        let mut header = election::proclaim(&backend, &leader, &req.value).await?;
         self.ctx.stamp(&mut header);
         Ok(Response::new(ProclaimResponse { header }))
     }
@@ -86,7 +83,7 @@ impl Election for ElectionService {
         let backend = CtxBackend::new(self.ctx.clone(), &meta, None);
         let read = election::leader(&backend, &req.name).await;
         self.ctx.authorize(&meta, &super::auth::contender_needs(&req.name, false)).await?;
-        let (kv, mut header) = read.map_err(|e| concurrency_status(&e))?;
+        let (kv, mut header) = read?;
         self.ctx.stamp(&mut header);
         Ok(Response::new(LeaderResponse { header, kv: Some(kv) }))
     }
@@ -130,8 +127,7 @@ impl Election for ElectionService {
         let leader = req.leader.ok_or_else(missing_leader)?;
         let backend =
             CtxBackend::authorize(&self.ctx, &meta, &[super::auth::write_key(&leader.key)]).await?;
-        let mut header =
-            election::resign(&backend, &leader).await.map_err(|e| concurrency_status(&e))?;
+        let mut header = election::resign(&backend, &leader).await?;
         self.ctx.stamp(&mut header);
         Ok(Response::new(ResignResponse { header }))
     }

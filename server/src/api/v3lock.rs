@@ -8,7 +8,6 @@ use picket_proto::v3lockpb::lock_server::Lock;
 use picket_proto::v3lockpb::{LockRequest, LockResponse, UnlockRequest, UnlockResponse};
 use tonic::{Request, Response, Status};
 
-use super::status::concurrency_status;
 use super::Ctx;
 use crate::concurrency::mutex;
 
@@ -32,8 +31,7 @@ impl Lock for LockService {
         let needs = super::auth::contender_needs(&req.name, true);
         let backend = CtxBackend::authorize(&self.ctx, &meta, &needs).await?;
         let lease = backend.lease_or_implicit(req.lease).await?;
-        let grant =
-            mutex::lock(&backend, &req.name, lease).await.map_err(|e| concurrency_status(&e))?;
+        let grant = mutex::lock(&backend, &req.name, lease).await?;
         tracing::debug!(revision = grant.token, "lock granted");
         let mut header = grant.header;
         self.ctx.stamp(&mut header);
@@ -48,8 +46,7 @@ impl Lock for LockService {
         let (meta, _, req) = req.into_parts();
         let backend =
             CtxBackend::authorize(&self.ctx, &meta, &[super::auth::write_key(&req.key)]).await?;
-        let mut header =
-            mutex::unlock(&backend, &req.key).await.map_err(|e| concurrency_status(&e))?;
+        let mut header = mutex::unlock(&backend, &req.key).await?;
         self.ctx.stamp(&mut header);
         Ok(Response::new(UnlockResponse { header }))
     }

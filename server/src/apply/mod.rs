@@ -16,13 +16,18 @@
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::{
-    BatchResult, CommandBatch, CommandError, CommandResult, Empty,
+    AuthCommand, BatchResult, CommandBatch, CommandResult, Empty,
 };
 use prost::Message;
 
+use crate::auth::replicated::Checked;
+use crate::auth::AuthError;
 use crate::lease::LeaseTable;
 use crate::mvcc::{ApplyBatch, MvccError};
 use crate::storage::engine::{Cf, Engine};
+
+pub mod refusal;
+pub use refusal::Refusal;
 
 /// A failure that is not a deterministic outcome of the command (I/O failure, corruption): the
 /// member must stop rather than answer, or its state would diverge from the others'.
@@ -36,16 +41,6 @@ impl Fatal {
     }
 }
 
-/// A deterministic refusal: the error result every member returns for the command.
-fn refused(code: tonic::Code, message: impl Into<String>) -> CmdResult {
-    CmdResult::Error(CommandError { code: code as u32, message: message.into() })
-}
-
-/// [`refused`] with a status the API layer's table chose.
-fn refused_as(status: &tonic::Status) -> CmdResult {
-    refused(status.code(), status.message())
-}
-
 /// Converts an MVCC error into a command result, or into a storage error that stops the node
 /// when it is not a deterministic outcome of the command (I/O failure, corruption).
 fn outcome<T>(
@@ -54,19 +49,9 @@ fn outcome<T>(
 ) -> Result<CmdResult, Fatal> {
     match res {
         Ok(v) => Ok(wrap(v)),
-        Err(e) if crate::api::status::mvcc_is_fatal(&e) => Err(Fatal::new(e)),
-        Err(e) => Ok(refused_as(&crate::api::status::mvcc_status(&e))),
+        Err(e) if e.is_fatal() => Err(Fatal::new(e)),
+        Err(e) => Ok(Refusal::Mvcc(e).into_result()),
     }
-}
-
-fn lease_error(e: crate::lease::LeaseError) -> CmdResult {
-    refused_as(&crate::api::status::lease_status(&e))
-}
-
-/// A write refused because it would store a malformed subscription group record: a command
-/// result, the same on every member.
-fn group_error(e: &crate::subscription::GroupError) -> CmdResult {
-    refused(tonic::Code::InvalidArgument, e.to_string())
 }
 
 /// Applies the command of one log entry (or of one slot of a batch): `None` is a command that
@@ -79,7 +64,7 @@ pub fn maybe_command<E: Engine>(
 ) -> Result<CmdResult, Fatal> {
     match cmd {
         Some(c) => command(batch, leases, c, entry_term),
-        None => Ok(refused(tonic::Code::InvalidArgument, "picket: empty raft command")),
+        None => Ok(Refusal::Malformed("empty raft command").into_result()),
     }
 }
 
@@ -93,20 +78,14 @@ pub fn command<E: Engine>(
 ) -> Result<CmdResult, Fatal> {
     // Storage quota (`crate::quota`): while a NOSPACE alarm is active, commands that grow the
     // store get etcd's "database space exceeded", decided from replicated state only.
-    if let Some(nospace) = crate::quota::gate(batch, &cmd).map_err(Fatal::new)? {
-        return Ok(nospace);
+    if let Err(crate::quota::NoSpace) = crate::quota::gate(batch, &cmd).map_err(Fatal::new)? {
+        return Ok(Refusal::NoSpace.into_result());
     }
     match cmd {
         Cmd::LeaseExpire(e) if e.term != entry_term => {
             // Decided by a leader of an earlier term (see `LeaseExpire` in the proto): the
             // current leader renewed every lease when it took over, so this expiry is stale.
-            Ok(refused(
-                tonic::Code::FailedPrecondition,
-                format!(
-                    "picket: stale lease expiry from term {} applied in term {entry_term}",
-                    e.term
-                ),
-            ))
+            Ok(Refusal::StaleLeaseExpiry { decided: e.term, applied: entry_term }.into_result())
         }
         Cmd::LeaseExpire(e) => command(
             batch,
@@ -118,12 +97,12 @@ pub fn command<E: Engine>(
         // (`crate::subscription::check_put`).
         Cmd::Put(req) => match crate::subscription::check_put(&req) {
             Ok(()) => outcome(batch.put(&req, leases), CmdResult::Put),
-            Err(e) => Ok(group_error(&e)),
+            Err(e) => Ok(Refusal::Group(e).into_result()),
         },
         Cmd::DeleteRange(req) => outcome(batch.delete_range(&req), CmdResult::DeleteRange),
         Cmd::Txn(req) => match crate::subscription::check_txn(&req) {
             Ok(()) => outcome(batch.txn(&req, leases), CmdResult::Txn),
-            Err(e) => Ok(group_error(&e)),
+            Err(e) => Ok(Refusal::Group(e).into_result()),
         },
         // Subscription groups may clamp a compaction (see `crate::subscription::guard`).
         Cmd::Compaction(req) => {
@@ -139,7 +118,7 @@ pub fn command<E: Engine>(
                     error: String::new(),
                 }))
             }
-            Err(e) => Ok(lease_error(e)),
+            Err(e) => Ok(Refusal::Lease(e).into_result()),
         },
         Cmd::LeaseRevoke(req) => match leases.revoke(req.id) {
             Ok(_) => {
@@ -150,27 +129,33 @@ pub fn command<E: Engine>(
                     })
                 })
             }
-            Err(e) => Ok(lease_error(e)),
+            Err(e) => Ok(Refusal::Lease(e).into_result()),
         },
         Cmd::LeaseCheckpoint(_) => Ok(CmdResult::Empty(Empty {})),
         // The leader's physical-compaction driver (`crate::api::compact_steps`).
         Cmd::CompactStep(_) => outcome(batch.run_compact_step(), |_| CmdResult::Empty(Empty {})),
         // Authentication and RBAC (`crate::auth`): store mutations, and commands whose
         // permissions were checked at an auth revision that apply re-validates.
-        Cmd::Auth(c) => outcome(crate::auth::replicated::apply(batch, c), |r| r),
+        Cmd::Auth(AuthCommand { op: None }) => {
+            Ok(Refusal::Malformed("empty auth command").into_result())
+        }
+        Cmd::Auth(AuthCommand { op: Some(op) }) => {
+            outcome(crate::auth::replicated::apply(batch, op), |r| match r {
+                Ok(r) => CmdResult::Auth(r),
+                Err(e) => Refusal::Auth(e).into_result(),
+            })
+        }
         Cmd::AuthChecked(c) => match crate::auth::replicated::check_revision(batch, &c) {
-            Ok(Ok(inner)) => command(batch, leases, inner, entry_term),
-            Ok(Err(refused)) => Ok(refused),
+            Ok(Checked::Current(inner)) => command(batch, leases, inner, entry_term),
+            Ok(Checked::Stale) => Ok(Refusal::Auth(AuthError::AuthOldRevision).into_result()),
+            Ok(Checked::Malformed(what)) => Ok(Refusal::Malformed(what).into_result()),
             Err(e) => outcome::<()>(Err(e), |_| CmdResult::Empty(Empty {})),
         },
         Cmd::Alarm(req) => crate::quota::apply_alarm(batch, &req).map_err(Fatal::new),
         Cmd::Batch(b) => self::batch(batch, leases, b, entry_term),
         Cmd::FencedTxn(f) => {
             let Some(txn) = f.txn else {
-                return Ok(refused(
-                    tonic::Code::InvalidArgument,
-                    "picket: fenced txn without a txn",
-                ));
+                return Ok(Refusal::Malformed("fenced txn without a txn").into_result());
             };
             let owner = match batch.range(&crate::concurrency::holder_range(&f.name)) {
                 Ok(r) => r.kvs.into_iter().next(),
@@ -180,17 +165,15 @@ pub fn command<E: Engine>(
                 Some(kv) if kv.create_revision == f.token => {
                     match crate::subscription::check_txn(&txn) {
                         Ok(()) => outcome(batch.txn(&txn, leases), CmdResult::Txn),
-                        Err(e) => Ok(group_error(&e)),
+                        Err(e) => Ok(Refusal::Group(e).into_result()),
                     }
                 }
-                other => {
-                    let status = crate::api::status::stale_token(
-                        &f.name,
-                        f.token,
-                        other.map(|kv| kv.create_revision),
-                    );
-                    Ok(refused_as(&status))
+                other => Ok(Refusal::StaleToken {
+                    name: f.name,
+                    token: f.token,
+                    holder: other.map(|kv| kv.create_revision),
                 }
+                .into_result()),
             }
         }
     }
@@ -210,10 +193,9 @@ fn batch<E: Engine>(
     let mut results = Vec::with_capacity(cmds.commands.len());
     for cmd in cmds.commands {
         let result = match cmd.cmd {
-            Some(Cmd::Batch(_)) => refused(
-                tonic::Code::InvalidArgument,
-                "picket: a command batch may not contain another batch",
-            ),
+            Some(Cmd::Batch(_)) => {
+                Refusal::Malformed("a command batch may not contain another batch").into_result()
+            }
             other => maybe_command(batch, leases, other, entry_term)?,
         };
         results.push(CommandResult { result: Some(result) });

@@ -1,6 +1,7 @@
-//! Auth errors. Their texts are etcd's verbatim (clients match on them); the gRPC codes are in
-//! `crate::api::auth::auth_status`.
+//! Auth errors. Their texts are etcd's verbatim (clients match on them); [`AuthError::kind`]
+//! names each on the wire, and the gRPC codes are in the API layer's table (`api::status`).
 
+use picket_proto::picket::raft::v1::RefusalKind;
 use thiserror::Error;
 
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -52,4 +53,32 @@ pub enum AuthError {
     /// A password longer than bcrypt can hash (72 bytes).
     #[error("picket: password is longer than 72 bytes, the most bcrypt can hash")]
     PasswordTooLong,
+}
+
+impl AuthError {
+    /// The name a refusal with this error travels under.
+    pub fn kind(&self) -> RefusalKind {
+        use RefusalKind as K;
+        match self {
+            AuthError::UserEmpty => K::AuthUserEmpty,
+            AuthError::UserAlreadyExist => K::AuthUserAlreadyExist,
+            AuthError::UserNotFound => K::AuthUserNotFound,
+            AuthError::RoleEmpty => K::AuthRoleEmpty,
+            AuthError::RoleAlreadyExist => K::AuthRoleAlreadyExist,
+            AuthError::RoleNotFound => K::AuthRoleNotFound,
+            AuthError::RoleNotGranted => K::AuthRoleNotGranted,
+            AuthError::PermissionNotGranted => K::AuthPermissionNotGranted,
+            AuthError::PermissionDenied => K::AuthPermissionDenied,
+            AuthError::RootUserNotExist => K::AuthRootUserNotExist,
+            AuthError::RootRoleNotExist => K::AuthRootRoleNotExist,
+            AuthError::InvalidAuthMgmt => K::AuthInvalidAuthMgmt,
+            AuthError::AuthNotEnabled => K::AuthNotEnabled,
+            AuthError::AuthFailed => K::AuthFailed,
+            AuthError::InvalidAuthToken => K::AuthInvalidAuthToken,
+            AuthError::AuthOldRevision => K::AuthOldRevision,
+            AuthError::InvalidPermRange => K::AuthInvalidPermRange,
+            AuthError::InvalidHash => K::AuthInvalidHash,
+            AuthError::PasswordTooLong => K::AuthPasswordTooLong,
+        }
+    }
 }

@@ -29,7 +29,7 @@ impl KeyRange {
 
     /// Every key that starts with `prefix`.
     pub fn prefix(prefix: &[u8]) -> Self {
-        Self { key: prefix.to_vec(), range_end: crate::concurrency::prefix_end(prefix) }
+        Self { key: prefix.to_vec(), range_end: picket_proto::prefix_end(prefix) }
     }
 
     /// The half-open interval this range denotes.

@@ -10,11 +10,9 @@
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::auth_command::Op;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
-use picket_proto::picket::raft::v1::{
-    AuthChecked, AuthCommand, AuthResult, CommandError, RaftCommand,
-};
+use picket_proto::picket::raft::v1::{AuthChecked, AuthResult, RaftCommand};
 use picket_proto::picket::storage::v1::AuthState;
 use prost::Message;
 
@@ -24,14 +22,6 @@ use crate::storage::engine::{Cf, Engine, ReadView};
 
 pub const KEY_STATE: &[u8] = b"auth/state";
 pub const KEY_REVISION: &[u8] = b"auth/revision";
-
-fn error_result(e: &AuthError) -> CmdResult {
-    let status = crate::api::auth::auth_status(e);
-    CmdResult::Error(CommandError {
-        code: status.code() as u32,
-        message: status.message().to_string(),
-    })
-}
 
 fn decode_state(bytes: Option<Vec<u8>>) -> Result<AuthState, MvccError> {
     match bytes {
@@ -61,54 +51,54 @@ fn encode_revision(enabled: bool, revision: u64) -> Vec<u8> {
     out
 }
 
-/// Applies one auth mutation in `batch`. A refused mutation is a command result (the same on
-/// every member); only storage failures are errors.
+/// Applies one auth mutation in `batch`. A refused mutation is the inner `Err` (a command result,
+/// the same on every member); only storage failures are the outer one.
 pub fn apply<E: Engine>(
     batch: &mut ApplyBatch<'_, E>,
-    cmd: AuthCommand,
-) -> Result<CmdResult, MvccError> {
-    let Some(op) = cmd.op else {
-        return Ok(CmdResult::Error(CommandError {
-            code: tonic::Code::InvalidArgument as u32,
-            message: "picket: empty auth command".into(),
-        }));
-    };
+    op: Op,
+) -> Result<Result<AuthResult, AuthError>, MvccError> {
     let mut state = decode_state(batch.get_raw(Cf::Meta, KEY_STATE)?)?;
-    match store::mutate(&mut state, op) {
+    Ok(match store::mutate(&mut state, op) {
         Ok(()) => {
             batch.put_raw(Cf::Meta, KEY_STATE, &state.encode_to_vec());
             batch.put_raw(Cf::Meta, KEY_REVISION, &encode_revision(state.enabled, state.revision));
-            Ok(CmdResult::Auth(AuthResult { auth_revision: state.revision }))
+            Ok(AuthResult { auth_revision: state.revision })
         }
-        Err(e) => Ok(error_result(&e)),
-    }
+        Err(e) => Err(e),
+    })
 }
 
-/// Opens an [`AuthChecked`] command: the inner command if the auth store is still at the
-/// revision its permissions were checked against (or auth is now off), else the error result
-/// "revision of auth store is old" (the client retries, and is checked again). A command judged
-/// while auth was off names that disabled store's revision; AuthEnable bumps the revision, so
-/// such a command applied after an enable is refused here (issue 19).
+/// What opening an [`AuthChecked`] command found.
+#[derive(Debug)]
+pub enum Checked {
+    /// The auth store is where the command was judged (or auth is now off): apply `Cmd`.
+    Current(Cmd),
+    /// The auth store changed since: "revision of auth store is old" (the client retries, and
+    /// is checked again).
+    Stale,
+    /// A wrapper the API layer never builds (nested, empty or undecodable), by what is wrong.
+    Malformed(&'static str),
+}
+
+/// Opens an [`AuthChecked`] command. A command judged while auth was off names that disabled
+/// store's revision; AuthEnable bumps the revision, so such a command applied after an enable
+/// is [`Checked::Stale`] (issue 19).
 pub fn check_revision<E: Engine>(
     batch: &ApplyBatch<'_, E>,
     checked: &AuthChecked,
-) -> Result<Result<Cmd, CmdResult>, MvccError> {
+) -> Result<Checked, MvccError> {
     let (enabled, revision) = decode_revision(batch.get_raw(Cf::Meta, KEY_REVISION)?)?;
     if enabled && revision != checked.auth_revision {
-        return Ok(Err(error_result(&AuthError::AuthOldRevision)));
+        return Ok(Checked::Stale);
     }
-    let bad = |what: &str| {
-        Err(CmdResult::Error(CommandError {
-            code: tonic::Code::InvalidArgument as u32,
-            message: format!("picket: malformed auth-checked command: {what}"),
-        }))
-    };
     Ok(match RaftCommand::decode(checked.command.as_slice()) {
         // Nesting is never built by the API layer; refusing it bounds apply's recursion.
-        Ok(RaftCommand { cmd: Some(Cmd::AuthChecked(_)) }) => bad("nested"),
-        Ok(RaftCommand { cmd: Some(c) }) => Ok(c),
-        Ok(RaftCommand { cmd: None }) => bad("empty"),
-        Err(_) => bad("undecodable"),
+        Ok(RaftCommand { cmd: Some(Cmd::AuthChecked(_)) }) => {
+            Checked::Malformed("auth-checked command nested in another")
+        }
+        Ok(RaftCommand { cmd: Some(c) }) => Checked::Current(c),
+        Ok(RaftCommand { cmd: None }) => Checked::Malformed("empty auth-checked command"),
+        Err(_) => Checked::Malformed("undecodable auth-checked command"),
     })
 }
 

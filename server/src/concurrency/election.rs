@@ -11,7 +11,7 @@ use picket_proto::v3electionpb::LeaderKey;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::mutex::{enqueue, first_by_create, wait_turn};
-use super::{contender_prefix, Backend, ConcurrencyError};
+use super::{contender_prefix, Backend, ConcurrencyError, StoreError};
 use crate::storage::state_machine::FeedItem;
 
 fn is_leader(leader: &LeaderKey) -> Compare {
@@ -152,9 +152,7 @@ pub async fn observe<B: Backend>(
                 }
                 Err(RecvError::Lagged(_)) => break 'wait,
                 Err(RecvError::Closed) => {
-                    return Err(ConcurrencyError::Store(tonic::Status::unavailable(
-                        "etcdserver: server stopped",
-                    )));
+                    return Err(ConcurrencyError::Store(StoreError::Stopped));
                 }
             }
         }

@@ -36,15 +36,12 @@ use crate::storage::state_machine::FeedItem;
 /// What locks and elections need from the store.
 pub trait Backend: Clone + Send + Sync + 'static {
     /// A replicated transaction.
-    fn txn(
-        &self,
-        req: TxnRequest,
-    ) -> impl Future<Output = Result<TxnResponse, tonic::Status>> + Send;
+    fn txn(&self, req: TxnRequest) -> impl Future<Output = Result<TxnResponse, StoreError>> + Send;
     /// A linearizable range read.
     fn range(
         &self,
         req: RangeRequest,
-    ) -> impl Future<Output = Result<RangeResponse, tonic::Status>> + Send;
+    ) -> impl Future<Output = Result<RangeResponse, StoreError>> + Send;
     /// The feed of applied revisions on this member. A [`FeedItem::SnapshotInstalled`] item means
     /// the state jumped without events: every waiter re-reads on it.
     fn subscribe(&self) -> broadcast::Receiver<FeedItem>;
@@ -54,19 +51,33 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// once auth has changed since; a waiter may have waited through such a change, and its
     /// clean-up must not be refused for it (the key would block everyone behind it until its
     /// lease expires). The default (no auth to judge) is this backend.
-    fn for_cleanup(&self, key: &[u8]) -> impl Future<Output = Result<Self, tonic::Status>> + Send {
+    fn for_cleanup(&self, key: &[u8]) -> impl Future<Output = Result<Self, StoreError>> + Send {
         let _ = key;
         let me = self.clone();
         async move { Ok(me) }
     }
 }
 
+/// A failure of the store behind a [`Backend`], passed on untouched: the layer that implements
+/// the backend (the API layer) put its own error inside and its error table takes it out again,
+/// so nothing here decides what a client sees.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// This member is stopping: its feed of applied revisions closed under a waiter.
+    #[error("etcdserver: server stopped")]
+    Stopped,
+    /// What the backend failed with.
+    #[error("{0}")]
+    Backend(Box<dyn std::error::Error + Send + Sync>),
+}
+
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum ConcurrencyError {
-    /// The store refused or failed a request; carries etcd's status.
+    /// The store refused or failed a request.
     #[error("{0}")]
-    Store(#[from] tonic::Status),
+    Store(#[from] StoreError),
     /// The waiter's key disappeared while it waited: its lease expired or was revoked.
     #[error(
         "picket: lock key {key:?} was deleted while waiting (lease {lease:x} expired or revoked)"
@@ -81,19 +92,6 @@ pub enum ConcurrencyError {
     /// The request was malformed.
     #[error("{0}")]
     InvalidArgument(String),
-}
-
-/// The first key after every key that starts with `prefix` (etcd's `GetPrefixRangeEnd`).
-pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    // Every byte was 0xff: the range runs to the end of the keyspace.
-    vec![0]
 }
 
 /// The range that finds the holder of lock `name`: the oldest key under `name/`. Used by the
@@ -126,6 +124,7 @@ mod tests {
 
     #[test]
     fn keys_follow_etcd() {
+        use picket_proto::prefix_end;
         assert_eq!(prefix_end(b"a/"), b"a0".to_vec());
         assert_eq!(prefix_end(&[b'a', 0xff]), b"b".to_vec());
         assert_eq!(prefix_end(&[0xff]), vec![0]);

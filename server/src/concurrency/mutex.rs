@@ -10,9 +10,10 @@ use picket_proto::etcdserverpb::{
 };
 use picket_proto::mvccpb::event::EventType;
 use picket_proto::mvccpb::KeyValue;
+use picket_proto::prefix_end;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{contender_key, contender_prefix, prefix_end, Backend, ConcurrencyError};
+use super::{contender_key, contender_prefix, Backend, ConcurrencyError, StoreError};
 use crate::storage::state_machine::FeedItem;
 
 /// A granted lock.
@@ -168,9 +169,7 @@ pub(crate) async fn wait_turn<B: Backend>(
                 // Fell behind the feed: re-read instead of trusting it.
                 Err(RecvError::Lagged(_)) => break 'wait,
                 Err(RecvError::Closed) => {
-                    return Err(ConcurrencyError::Store(tonic::Status::unavailable(
-                        "etcdserver: server stopped",
-                    )));
+                    return Err(ConcurrencyError::Store(StoreError::Stopped));
                 }
             }
         }
@@ -326,9 +325,7 @@ pub async fn wait_lost<B: Backend>(
                 }
                 Err(RecvError::Lagged(_)) => break 'wait,
                 Err(RecvError::Closed) => {
-                    return Err(ConcurrencyError::Store(tonic::Status::unavailable(
-                        "etcdserver: server stopped",
-                    )));
+                    return Err(ConcurrencyError::Store(StoreError::Stopped));
                 }
             }
         }

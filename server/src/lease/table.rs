@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use picket_proto::picket::raft::v1::RefusalKind;
 use picket_proto::picket::storage::v1::LeaseRecord;
 use thiserror::Error;
 
@@ -29,6 +30,17 @@ pub enum LeaseError {
     /// etcd: `etcdserver: too large lease TTL` (OutOfRange).
     #[error("etcdserver: too large lease TTL")]
     TtlTooLarge,
+}
+
+impl LeaseError {
+    /// The name a refusal with this error travels under (the API layer maps it to a code).
+    pub fn kind(&self) -> RefusalKind {
+        match self {
+            LeaseError::NotFound => RefusalKind::LeaseNotFound,
+            LeaseError::AlreadyExists => RefusalKind::LeaseAlreadyExists,
+            LeaseError::TtlTooLarge => RefusalKind::LeaseTtlTooLarge,
+        }
+    }
 }
 
 /// All live leases, keyed by id.

@@ -2,10 +2,12 @@
 //!
 //! Most variants are deterministic outcomes of a command (every replica computes the same one),
 //! so they can travel in a command result. Their `Display` text is etcd's error message
-//! verbatim because clients match on it; `api::status` pairs each with etcd's gRPC code.
+//! verbatim because clients match on it; [`MvccError::kind`] names each on the wire and
+//! `api::status` pairs the name with etcd's gRPC code.
 //! [`MvccError::Engine`] and [`MvccError::Corrupt`] are the exception: they mean this node's
 //! storage failed, and the node must stop rather than answer.
 
+use picket_proto::picket::raft::v1::RefusalKind;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -62,6 +64,25 @@ impl MvccError {
     /// are never sent to clients as a command's outcome.
     pub fn is_fatal(&self) -> bool {
         matches!(self, MvccError::Engine(_) | MvccError::Corrupt(_))
+    }
+
+    /// The name a refusal with this error travels under; `None` for the fatal errors, which are
+    /// never a command's outcome.
+    pub fn kind(&self) -> Option<RefusalKind> {
+        use RefusalKind as K;
+        Some(match self {
+            MvccError::Compacted => K::MvccCompacted,
+            MvccError::FutureRevision => K::MvccFutureRevision,
+            MvccError::LeaseNotFound(_) => K::MvccLeaseNotFound,
+            MvccError::KeyNotFound => K::MvccKeyNotFound,
+            MvccError::KeyNotProvided => K::MvccKeyNotProvided,
+            MvccError::TooManyOps => K::MvccTooManyOps,
+            MvccError::DuplicateKey => K::MvccDuplicateKey,
+            MvccError::ValueProvided => K::MvccValueProvided,
+            MvccError::LeaseProvided => K::MvccLeaseProvided,
+            MvccError::TxnNotReadOnly => K::MvccTxnNotReadOnly,
+            MvccError::Engine(_) | MvccError::Corrupt(_) => return None,
+        })
     }
 }
 

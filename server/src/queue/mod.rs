@@ -65,7 +65,7 @@ pub mod ops;
 pub mod txns;
 pub mod validate;
 
-pub use crate::concurrency::Backend;
+pub use crate::concurrency::{Backend, StoreError};
 
 use thiserror::Error;
 
@@ -93,9 +93,9 @@ pub const MAX_LIST: u32 = 1000;
 #[derive(Debug, Error)]
 #[non_exhaustive]
 pub enum QueueError {
-    /// The store refused or failed a request; carries its status.
+    /// The store refused or failed a request.
     #[error("{0}")]
-    Store(#[from] tonic::Status),
+    Store(#[from] StoreError),
     /// The request was malformed; the text names the field and the limit.
     #[error("{0}")]
     InvalidArgument(String),

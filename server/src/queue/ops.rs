@@ -16,9 +16,9 @@ use picket_proto::picket::v1::{
 use prost::Message;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{keys, txns, Backend, QueueError};
-use crate::concurrency::prefix_end;
+use super::{keys, txns, Backend, QueueError, StoreError};
 use crate::storage::state_machine::FeedItem;
+use picket_proto::prefix_end;
 
 /// Index entries read per page while looking for a claimable job.
 const CLAIM_PAGE: i64 = 128;
@@ -372,9 +372,7 @@ pub async fn claim<B: Backend>(
                     // Fell behind the feed: re-read instead of trusting it.
                     Err(RecvError::Lagged(_)) => break,
                     Err(RecvError::Closed) => {
-                        return Err(QueueError::Store(tonic::Status::unavailable(
-                            "etcdserver: server stopped",
-                        )));
+                        return Err(QueueError::Store(StoreError::Stopped));
                     }
                 },
             }

@@ -317,4 +317,5 @@ async fn run<S: BatchSink>(sink: &S, batch: Vec<Pending>, bound: Duration) {
 }
 
 #[cfg(test)]
+#[path = "batcher_tests.rs"]
 mod tests;

@@ -189,9 +189,11 @@ pub async fn serve_group(proposer: &Proposer, cmds: Vec<RaftCommand>) -> Vec<For
                 Ok(result) => Outcome::Result(result),
                 Err(e) => {
                     let s = e.into_status();
+                    // Not a refusal (no kind): the transport's own status, read by its code.
                     Outcome::Error(CommandError {
                         code: s.code() as u32,
                         message: s.message().to_string(),
+                        ..Default::default()
                     })
                 }
             }),
@@ -213,6 +215,7 @@ mod tests {
             outcome: Some(Outcome::Error(CommandError {
                 code: Code::Unavailable as u32,
                 message: ProposeError::NotLeader(None).to_string(),
+                ..Default::default()
             })),
         };
         assert!(matches!(from_outcome(refused), Err(ProposeError::NotLeader(None))));
@@ -221,6 +224,7 @@ mod tests {
             outcome: Some(Outcome::Error(CommandError {
                 code: Code::InvalidArgument as u32,
                 message: "picket: bad".into(),
+                ..Default::default()
             })),
         };
         match from_outcome(failed) {

@@ -44,16 +44,12 @@ use picket_proto::etcdserverpb::{
 };
 use picket_proto::picket::raft::v1::cluster_op::Op;
 use picket_proto::picket::raft::v1::cluster_service_client::ClusterServiceClient;
-use picket_proto::picket::raft::v1::cluster_service_server::ClusterService;
-use picket_proto::picket::raft::v1::{
-    AddMember, CampaignRequest, CampaignResponse, ClusterOp, ClusterOpResponse, MembershipQuery,
-    MembershipView, PublishMember,
-};
+use picket_proto::picket::raft::v1::{AddMember, ClusterOp, MembershipView, PublishMember};
 use thiserror::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tonic::transport::Channel;
-use tonic::{Code, Request, Response, Status};
+use tonic::{Code, Status};
 
 use super::network::peer_channel;
 use super::proposer::Proposer;
@@ -598,56 +594,6 @@ impl ClusterControl {
         tracing::info!(node_id = p.id, name = %p.name, client_urls = ?p.client_urls, "publishing member");
         let node = Member { name: p.name, client_urls: p.client_urls, ..node.clone() };
         self.change(ChangeMembers::SetNodes(BTreeMap::from([(p.id, node)])), true).await
-    }
-}
-
-/// The peer-facing `ClusterService`.
-pub struct ClusterPeerService {
-    control: ClusterControl,
-}
-
-impl ClusterPeerService {
-    pub fn new(control: ClusterControl) -> Self {
-        Self { control }
-    }
-}
-
-#[tonic::async_trait]
-impl ClusterService for ClusterPeerService {
-    #[tracing::instrument(level = "debug", skip_all)]
-    async fn execute(
-        &self,
-        req: Request<ClusterOp>,
-    ) -> Result<Response<ClusterOpResponse>, Status> {
-        let req = req.into_inner();
-        // Only run locally: a forwarded operation is never forwarded again, so a stale leader
-        // hint cannot bounce it around the cluster.
-        let deadline = Instant::now() + self.control.proposer().request_timeout();
-        let run = self.control.run_on_leader(&req, deadline);
-        match tokio::time::timeout_at(deadline, run).await {
-            Ok(Ok(members)) => Ok(Response::new(ClusterOpResponse { members })),
-            Ok(Err(e)) => Err(crate::api::status::membership_status(e)),
-            Err(_) => Err(crate::api::status::membership_status(MembershipError::Timeout)),
-        }
-    }
-
-    #[tracing::instrument(level = "debug", skip_all)]
-    async fn membership(
-        &self,
-        _req: Request<MembershipQuery>,
-    ) -> Result<Response<MembershipView>, Status> {
-        Ok(Response::new(self.control.view()))
-    }
-
-    #[tracing::instrument(level = "info", skip_all, fields(leader = req.get_ref().leader_id))]
-    async fn campaign(
-        &self,
-        req: Request<CampaignRequest>,
-    ) -> Result<Response<CampaignResponse>, Status> {
-        super::transfer::campaign(&self.control, req.into_inner())
-            .await
-            .map(|()| Response::new(CampaignResponse {}))
-            .map_err(crate::api::status::membership_status)
     }
 }
 

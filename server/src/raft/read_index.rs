@@ -147,4 +147,5 @@ fn answer(batch: Vec<Reply>, result: Result<u64, ProposeError>) {
 }
 
 #[cfg(test)]
+#[path = "read_index_tests.rs"]
 mod tests;

@@ -91,7 +91,7 @@ pub fn state(name: String, rec: SubscriptionGroup, revision: i64, compacted: i64
 }
 
 /// Why a group name or range is refused.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum GroupError {
     /// The name is empty, too long or uses characters outside `[A-Za-z0-9._-]`.
@@ -111,6 +111,19 @@ pub enum GroupError {
         "picket: invalid subscription group record for key {key:?}: {reason}; keys under picket/sub/ hold group records, create groups with the Subscriptions service's CreateGroup"
     )]
     BadRecord { key: String, reason: String },
+}
+
+impl GroupError {
+    /// The name a refusal with this error travels under (the API layer maps it to a code).
+    pub fn kind(&self) -> picket_proto::picket::raft::v1::RefusalKind {
+        use picket_proto::picket::raft::v1::RefusalKind as K;
+        match self {
+            GroupError::BadName(_) => K::GroupBadName,
+            GroupError::NoKey => K::GroupNoKey,
+            GroupError::Reserved => K::GroupReserved,
+            GroupError::BadRecord { .. } => K::GroupBadRecord,
+        }
+    }
 }
 
 /// Checks a group name.

@@ -13,6 +13,7 @@ use picket_proto::etcdserverpb::{
 };
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
+use picket_proto::picket::raft::v1::RefusalKind;
 use picket_proto::picket::v1::SubscriptionGroup;
 use prost::Message;
 
@@ -47,7 +48,7 @@ fn put_op(p: PutRequest) -> RequestOp {
 fn assert_refused(r: CmdResult, what: &str) {
     match r {
         CmdResult::Error(e) => {
-            assert_eq!(e.code, tonic::Code::InvalidArgument as u32, "{what}: {e:?}");
+            assert_eq!(e.kind, RefusalKind::GroupBadRecord as i32, "{what}: {e:?}");
             assert!(e.message.contains("subscription group record"), "{what}: {e:?}");
         }
         other => panic!("{what}: applied: {other:?}"),

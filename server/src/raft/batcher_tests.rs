@@ -35,9 +35,11 @@ fn put(key: &str) -> Command {
 /// with "fail" gets a deterministic error, as a failing command would.
 fn answer(cmd: &RaftCommand) -> CommandResult {
     let result = match &cmd.cmd {
-        Some(Cmd::Put(p)) if p.key.starts_with(b"fail") => {
-            CmdResult::Error(CommandError { code: 9, message: "failed".into() })
-        }
+        Some(Cmd::Put(p)) if p.key.starts_with(b"fail") => CmdResult::Error(CommandError {
+            code: 9,
+            message: "failed".into(),
+            ..Default::default()
+        }),
         Some(Cmd::Put(p)) => CmdResult::Put(PutResponse {
             header: None,
             prev_kv: Some(KeyValue { key: p.key.clone(), ..Default::default() }),
@@ -45,7 +47,11 @@ fn answer(cmd: &RaftCommand) -> CommandResult {
         Some(Cmd::Batch(b)) => {
             CmdResult::Batch(BatchResult { results: b.commands.iter().map(answer).collect() })
         }
-        _ => CmdResult::Error(CommandError { code: 3, message: "unexpected".into() }),
+        _ => CmdResult::Error(CommandError {
+            code: 3,
+            message: "unexpected".into(),
+            ..Default::default()
+        }),
     };
     CommandResult { result: Some(result) }
 }
