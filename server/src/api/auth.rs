@@ -117,7 +117,27 @@ impl Ctx {
     /// Checks `needs` for the caller. Returns the auth revision the check used (to carry in the
     /// proposed command, see [`Ctx::guard`]), also when auth is disabled (nothing is checked
     /// then, but apply must know the write was admitted with auth off).
+    ///
+    /// With auth on, the judgment waits for a read barrier first, so the auth store it reads is
+    /// at least as new as every auth change acknowledged before this request arrived (on any
+    /// member). Without it, a member that had not yet applied such a change judged the write
+    /// against the older store, and apply refused it with "revision of auth store is old": a
+    /// client that revoked a permission through one member and then wrote through another got
+    /// that error for a request it had made in order (seen in `tests/tests/gateway.rs`, 1 run in
+    /// 5). The barrier is one ReadIndex round, only while auth is on.
     pub async fn authorize(
+        &self,
+        meta: &MetadataMap,
+        needs: &[Need],
+    ) -> Result<Option<u64>, Status> {
+        if self.auth_enabled() {
+            self.read_barrier().await?;
+        }
+        self.authorize_local(meta, needs).await
+    }
+
+    /// [`Self::authorize`] against this member's applied auth store as it is.
+    async fn authorize_local(
         &self,
         meta: &MetadataMap,
         needs: &[Need],
@@ -132,7 +152,11 @@ impl Ctx {
     }
 
     /// Checks that the caller holds the root role (admin operations).
+    /// Like [`Self::authorize`], the judgment follows a read barrier while auth is on.
     pub async fn authorize_admin(&self, meta: &MetadataMap) -> Result<Option<u64>, Status> {
+        if self.auth_enabled() {
+            self.read_barrier().await?;
+        }
         match self.judge(meta).await? {
             Judged::Off(state) => Ok(checked_revision(&state)),
             Judged::User(info) if info.is_root() => Ok(checked_revision(&info.state)),
@@ -157,7 +181,7 @@ impl Ctx {
         if !self.auth_enabled() {
             return Ok(());
         }
-        self.authorize(meta, needs).await.map(|_| ())
+        self.authorize_local(meta, needs).await.map(|_| ())
     }
 
     /// Wraps `cmd` as checked at `checked`, the revision [`Ctx::authorize`] returned, with auth
