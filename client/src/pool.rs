@@ -6,6 +6,7 @@
 //! moved to the back of the order for [`ConnectOptions::avoid_failed_for`], so a dead or
 //! partitioned member costs at most one attempt per that period instead of one per request.
 
+pub(crate) use picket_proto::error_chain;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -177,21 +178,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // The guarded values are plain data written in one statement; a panic elsewhere cannot
     // leave them half-updated, so a poisoned lock is still usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// An error and its sources on one line ("transport error: tcp connect error: refused").
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 #[cfg(test)]

@@ -117,5 +117,23 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// An error and its sources on one line, each source's text once ("transport error: tcp
+/// connect error: connection refused"): tonic's transport errors keep the useful reason (a
+/// refused connection, a rustls alert) in their sources. Here because the server and the client
+/// both report tonic's errors and share only this crate.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests;

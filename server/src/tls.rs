@@ -24,6 +24,7 @@
 //! clients, `raft::membership`, `raft::identity`) dials through the one [`PeerDialer`] built
 //! in `node::start`.
 
+use picket_proto::error_chain;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -379,22 +380,6 @@ pub fn plain_text_warnings(cfg: &Config) -> Vec<String> {
                 side.listen_flag()
             ));
         }
-    }
-    out
-}
-
-/// An error and its sources on one line: tonic's transport errors keep the rustls reason in
-/// their source.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
     }
     out
 }
