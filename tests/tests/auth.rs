@@ -507,3 +507,28 @@ async fn queues_and_subscriptions_are_checked() -> Result<()> {
     root_client.create_group("audit", "/app/", opts).await.context("root creates a group")?;
     Ok(())
 }
+
+/// Issue 21, gap 3: auth management refusals carry etcd's codes and texts (clients match both).
+/// `InvalidAuthMgmt` is InvalidArgument in etcd's `rpctypes`, and a role never created (`root`
+/// included: etcd's RoleGet reads only the roles that were added) is "role name not found".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auth_refusals_carry_etcds_codes() -> Result<()> {
+    let cluster = Cluster::start(1, opts(&[])).await?;
+    let ep = cluster.endpoint(0);
+    let mut anon = cluster.client(0).await?;
+    setup(&mut anon).await?;
+    let mut root = connect_as(&ep, "root", ROOT_PW).await?;
+
+    info!("a role never created, and root's role, which setup granted but never added");
+    const NO_ROLE: &str = "etcdserver: role name not found";
+    assert_status(root.role_get("never-made").await, Code::FailedPrecondition, NO_ROLE);
+    assert_status(root.role_get("root").await, Code::FailedPrecondition, NO_ROLE);
+    ensure!(!root.role_get("app").await?.permissions().is_empty(), "app lost its permission");
+
+    info!("deleting root, or taking the root role from root, while auth is on");
+    const MGMT: &str = "etcdserver: invalid auth management";
+    assert_status(root.user_delete("root").await, Code::InvalidArgument, MGMT);
+    assert_status(root.user_revoke_role("root", "root").await, Code::InvalidArgument, MGMT);
+    cluster.finish();
+    Ok(())
+}

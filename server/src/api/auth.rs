@@ -470,10 +470,10 @@ impl Auth for AuthService {
                 return Err(auth_status(&AuthError::PermissionDenied));
             }
         }
+        // Only roles that were added, as in etcd: `root` too is "role name not found" until a
+        // RoleAdd creates it, although granting it to a user and judging by it need no RoleAdd.
         let perm = match store::find_role(&state, &r.role) {
             Some(role) => role.key_permission.clone(),
-            // `root` exists implicitly and holds every permission.
-            None if r.role == crate::auth::ROOT => Vec::new(),
             None => return Err(auth_status(&AuthError::RoleNotFound)),
         };
         Ok(Response::new(AuthRoleGetResponse { header: self.header(), perm }))

@@ -41,7 +41,10 @@ pub fn code(kind: RefusalKind) -> Code {
         | K::AuthOldRevision
         | K::AuthInvalidPermRange
         | K::AuthInvalidHash
-        | K::AuthPasswordTooLong => Code::InvalidArgument,
+        | K::AuthPasswordTooLong
+        // etcd's `ErrGRPCInvalidAuthMgmt` is InvalidArgument: deleting root, or taking the root
+        // role from root, is a request never valid while auth is on, not a state to wait out.
+        | K::AuthInvalidAuthMgmt => Code::InvalidArgument,
         K::AuthPermissionDenied => Code::PermissionDenied,
         K::AuthInvalidAuthToken => Code::Unauthenticated,
         K::AuthUserAlreadyExist
@@ -52,7 +55,6 @@ pub fn code(kind: RefusalKind) -> Code {
         | K::AuthPermissionNotGranted
         | K::AuthRootUserNotExist
         | K::AuthRootRoleNotExist
-        | K::AuthInvalidAuthMgmt
         | K::AuthNotEnabled => Code::FailedPrecondition,
         K::GroupBadName | K::GroupNoKey | K::GroupReserved | K::GroupBadRecord => {
             Code::InvalidArgument
@@ -236,6 +238,18 @@ mod tests {
         let s = mvcc_status(&MvccError::Compacted);
         assert_eq!(s.code(), Code::OutOfRange);
         assert_eq!(s.message(), "etcdserver: mvcc: required revision has been compacted");
+        // etcd's `rpctypes`: invalid auth management is InvalidArgument, an unknown role is
+        // FailedPrecondition.
+        let s = auth_status(&AuthError::InvalidAuthMgmt);
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::InvalidArgument, "etcdserver: invalid auth management")
+        );
+        let s = auth_status(&AuthError::RoleNotFound);
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::FailedPrecondition, "etcdserver: role name not found")
+        );
         let s = lease_status(&LeaseError::NotFound);
         assert_eq!(
             (s.code(), s.message()),
