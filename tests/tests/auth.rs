@@ -539,3 +539,44 @@ async fn auth_refusals_carry_etcds_codes() -> Result<()> {
     cluster.finish();
     Ok(())
 }
+
+/// Issue 21, gap 3: a lease carries no rights past RBAC (etcd `checkLeasePuts`, and
+/// `checkLeaseTimeToLive` from 3.4.26/3.5.8). Attaching a lease that holds a key the caller may
+/// not write is refused (the caller could not revoke that lease), and TimeToLive with `keys`
+/// is refused unless the caller may read every attached key; without `keys` it still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_grants_no_rights_past_rbac() -> Result<()> {
+    use etcd_client::{LeaseTimeToLiveOptions, PutOptions};
+    let cluster = Cluster::start(1, opts(&[])).await?;
+    let ep = cluster.endpoint(0);
+    let mut anon = cluster.client(0).await?;
+    setup(&mut anon).await?;
+    let mut root = connect_as(&ep, "root", ROOT_PW).await?;
+    let mut alice = connect_as(&ep, "alice", ALICE_PW).await?;
+
+    info!("root's lease holds /other/k, which alice may neither read nor write");
+    let theirs = root.lease_grant(60, None).await?.id();
+    root.put("/other/k", "v", Some(PutOptions::new().with_lease(theirs))).await?;
+
+    info!("alice may not attach it, not even to a key she may write");
+    let attach = Some(PutOptions::new().with_lease(theirs));
+    assert_status(alice.put("/app/x", "v", attach).await, Code::PermissionDenied, DENIED);
+    ensure!(alice.get("/app/x", None).await?.kvs().is_empty(), "the refused put was applied");
+
+    info!("nor list its keys; its TTL alone is still hers to read");
+    let keys = || Some(LeaseTimeToLiveOptions::new().with_keys());
+    assert_status(alice.lease_time_to_live(theirs, keys()).await, Code::PermissionDenied, DENIED);
+    let ttl = alice.lease_time_to_live(theirs, None).await?;
+    ensure!(ttl.ttl() > 0 && ttl.keys().is_empty(), "{ttl:?}");
+
+    info!("her own lease, on her own keys, works as before");
+    let hers = alice.lease_grant(60, None).await?.id();
+    alice.put("/app/y", "v", Some(PutOptions::new().with_lease(hers))).await?;
+    alice.put("/app/z", "v", Some(PutOptions::new().with_lease(hers))).await?;
+    let ttl = alice.lease_time_to_live(hers, keys()).await?;
+    assert_eq!(ttl.keys(), [b"/app/y".to_vec(), b"/app/z".to_vec()]);
+    let ttl = root.lease_time_to_live(theirs, keys()).await?;
+    assert_eq!(ttl.keys(), [b"/other/k".to_vec()]);
+    cluster.finish();
+    Ok(())
+}

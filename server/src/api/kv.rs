@@ -83,6 +83,7 @@ impl Kv for KvService {
         validate::put(&req)?;
         let mut needs = Vec::new();
         crate::auth::perm::put_needs(&req, &mut needs);
+        needs.extend(self.ctx.lease_key_needs(req.lease, crate::auth::Need::Write).await?);
         let checked = self.ctx.authorize(&meta, &needs).await?;
         match self.ctx.propose(self.ctx.guard(checked, Cmd::Put(req))).await? {
             CmdResult::Put(mut r) => {

@@ -305,16 +305,8 @@ impl Lease for LeaseService {
         // deleted with the lease, as in etcd: attaching it took WRITE on it from its writer.
         // With auth off nothing is checked, but the revoke still names the (disabled) auth store
         // it was admitted under, so it is refused if auth was enabled before it applies.
-        let mut checked = self.ctx.authorize(&meta, &[]).await?;
-        if self.ctx.auth_enabled() {
-            self.ctx.read_barrier().await?;
-            let keys = self.ctx.sm.reader().keys_of_lease(req.id)?;
-            let needs: Vec<_> = keys
-                .iter()
-                .map(|k| crate::auth::Need::Write(crate::auth::KeyRange::new(k, &[])))
-                .collect();
-            checked = self.ctx.authorize(&meta, &needs).await?;
-        }
+        let needs = self.ctx.lease_key_needs(req.id, crate::auth::Need::Write).await?;
+        let checked = self.ctx.authorize(&meta, &needs).await?;
         match self.ctx.propose(self.ctx.guard(checked, Cmd::LeaseRevoke(req))).await? {
             CmdResult::LeaseRevoke(mut r) => {
                 self.ctx.stamp(&mut r.header);
@@ -372,8 +364,21 @@ impl Lease for LeaseService {
         // Judged after a read barrier (issue 19: a member that has not applied an AuthEnable
         // acknowledged before the request must not judge it as "auth off"). The TTL itself is the
         // leader's, asked for after: one extra round, on a call that is not on a hot path.
-        self.ctx.authorize_read(req.metadata(), true, &[]).await?;
-        time_to_live_any(&self.ctx, req.into_inner()).await.map(Response::new)
+        let (meta, _, req) = req.into_parts();
+        self.ctx.authorize_read(&meta, true, &[]).await?;
+        let resp = time_to_live_any(&self.ctx, req).await?;
+        // The keys are listed only to a caller who may read every one of them, else the call is
+        // refused (etcd 3.4.26/3.5.8 `checkLeaseTimeToLive`): key names are data too. Judged
+        // against this member's auth store, which the barrier above brought up to date.
+        if req.keys && self.ctx.auth_enabled() {
+            let needs: Vec<_> = resp
+                .keys
+                .iter()
+                .map(|k| crate::auth::Need::Read(crate::auth::KeyRange::new(k, &[])))
+                .collect();
+            self.ctx.authorize_read(&meta, false, &needs).await?;
+        }
+        Ok(Response::new(resp))
     }
 
     #[tracing::instrument(level = "debug", skip_all)]
