@@ -150,7 +150,8 @@ pub struct Config {
     pub max_watch_streams: usize,
 
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax (e.g. `info`, `picket_server=debug`).
-    #[arg(long = "log-level", env = "PICKET_LOG_LEVEL", default_value = "info,openraft=warn")]
+    /// `rustls` logs at `error` unless this filter names it (see [`Config::log_filter`]).
+    #[arg(long = "log-level", env = "PICKET_LOG_LEVEL", default_value = DEFAULT_LOG_LEVEL)]
     pub log_level: String,
 
     /// `text` for human-readable log lines, `json` for one JSON object per line (for log
@@ -447,9 +448,87 @@ impl Config {
     }
 }
 
+/// `--log-level` when none is given: lifecycle and warnings, without openraft's per-step info.
+pub const DEFAULT_LOG_LEVEL: &str = "info,openraft=warn";
+
+/// Directives added under every `--log-level` that does not name their target. rustls warns,
+/// once per connection, about each TLS client that sends an IP address as SNI (which TLS
+/// forbids, and which many clients do when dialled by address); the handshake goes on
+/// regardless, so at `warn` those lines only bury the ones an operator must read.
+const QUIET_TARGETS: &[(&str, &str)] = &[("rustls", "error")];
+
+impl Config {
+    /// The tracing filter `picketd` runs with: `--log-level`, plus [`QUIET_TARGETS`] for the
+    /// targets it does not mention (a user who writes `rustls=warn` gets rustls' warnings).
+    pub fn log_filter(&self) -> String {
+        let mut filter = self.log_level.trim().to_string();
+        for (target, level) in QUIET_TARGETS {
+            let named = filter.split(',').any(|d| {
+                let t = d.trim().split(['=', '[']).next().unwrap_or("");
+                t == *target || t.starts_with(&format!("{target}::"))
+            });
+            if !named {
+                if !filter.is_empty() {
+                    filter.push(',');
+                }
+                filter.push_str(&format!("{target}={level}"));
+            }
+        }
+        filter
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether a `warn` event of `target` gets through `filter` (as `picketd` installs it).
+    fn warns(filter: &str, target_is_rustls: bool) -> bool {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        use tracing_subscriber::layer::SubscriberExt;
+
+        struct Count(Arc<AtomicUsize>);
+        impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Count {
+            fn on_event(
+                &self,
+                _: &tracing::Event<'_>,
+                _: tracing_subscriber::layer::Context<'_, S>,
+            ) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let seen = Arc::new(AtomicUsize::new(0));
+        let filter = tracing_subscriber::EnvFilter::try_new(filter).expect("valid filter");
+        let sub = tracing_subscriber::registry().with(filter).with(Count(seen.clone()));
+        tracing::subscriber::with_default(sub, || {
+            // rustls' own target for its SNI warning (`log` records keep the module path).
+            if target_is_rustls {
+                tracing::warn!(target: "rustls::msgs::handshake", "illegal SNI");
+            } else {
+                tracing::warn!(target: "picket_server::net", "a warning we keep");
+            }
+        });
+        seen.load(Ordering::SeqCst) > 0
+    }
+
+    /// Issue 21, gap 4: by default rustls' per-connection warnings are filtered out, our own
+    /// warnings are not, and a filter that names rustls is the user's to keep.
+    #[test]
+    fn rustls_is_quiet_unless_asked_for() {
+        // What `picketd` installed before: `--log-level` verbatim, under which rustls warned.
+        assert!(warns(DEFAULT_LOG_LEVEL, true), "the old filter was expected to let rustls warn");
+        let default = parse(&[]).log_filter();
+        assert_eq!(default, "info,openraft=warn,rustls=error");
+        assert!(!warns(&default, true), "rustls warns under {default:?}");
+        assert!(warns(&default, false), "our warnings are filtered under {default:?}");
+        let asked = parse(&["--log-level", "info,rustls=warn"]).log_filter();
+        assert_eq!(asked, "info,rustls=warn");
+        assert!(warns(&asked, true));
+        let module = parse(&["--log-level", "debug,rustls::server=trace"]).log_filter();
+        assert_eq!(module, "debug,rustls::server=trace");
+        assert_eq!(parse(&["--log-level", "warn"]).log_filter(), "warn,rustls=error");
+    }
 
     fn parse(args: &[&str]) -> Config {
         Config::parse_from(std::iter::once("picketd").chain(args.iter().copied()))

@@ -21,7 +21,7 @@ async fn main() -> anyhow::Result<()> {
         Err(picket_server::config_file::ConfigFileError::Args(e)) => e.exit(),
         Err(e) => anyhow::bail!("{e}"),
     };
-    let filter = EnvFilter::try_new(&cfg.log_level).context("--log-level")?;
+    let filter = EnvFilter::try_new(cfg.log_filter()).context("--log-level")?;
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match cfg.log_format {
         // One JSON object per line; the event's fields (`message`, `node_id`, ...) stay nested
