@@ -4,7 +4,9 @@
 //! Layers, from the wire down:
 //! - [`node`]: starts a member: storage, Raft, the services and the background tasks.
 //! - [`config`], [`config_file`]: flags (etcd's names) and etcd's YAML config file.
-//! - [`api`]: tonic services; validation; errors to statuses in one place.
+//! - [`api`]: tonic services and etcd's HTTP/JSON gateway beside them (`api::gateway`, the same
+//!   services behind JSON); validation; `api::status`, the one table from typed errors to
+//!   statuses.
 //! - [`net`], [`tls`]: the client listener's transport (the `:authority` repair) and TLS.
 //! - [`raft`]: openraft types, proposals and group commit, forwarding, peer network and service,
 //!   membership, bootstrap.
