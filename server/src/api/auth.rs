@@ -184,24 +184,28 @@ impl Ctx {
         self.authorize_local(meta, needs).await.map(|_| ())
     }
 
-    /// What touching lease `lease` needs besides the request's own keys: `what` (WRITE for a
-    /// put that attaches it or a revoke, READ for listing its keys) on every key attached to it
-    /// now (etcd `checkLeasePuts`, `checkLeaseTimeToLive`). A put may not attach a lease holding
-    /// a key its writer cannot write: the writer could not revoke that lease, and its key would
-    /// live and die with someone else's. Nothing while auth is off; otherwise the attachments
-    /// are read after a read barrier, so a key attached before this request arrived counts.
-    /// One attached after is attached by a writer that had WRITE on it, as in etcd's revoke.
-    pub async fn lease_key_needs(
+    /// [`Self::authorize`] for a request that touches lease `lease`: besides `needs`, `what`
+    /// (WRITE for a put that attaches the lease or a revoke) on every key attached to it now
+    /// (etcd `checkLeasePuts`). A put may not attach a lease holding a key its writer cannot
+    /// write: the writer could not revoke that lease, and its key would live and die with
+    /// someone else's. The attachments are read after the same read barrier `authorize` takes,
+    /// so a key attached before this request arrived counts; one attached after is attached by
+    /// a writer that had WRITE on it, as in etcd's revoke. Nothing extra while auth is off.
+    pub async fn authorize_lease(
         &self,
+        meta: &MetadataMap,
+        needs: &[Need],
         lease: i64,
         what: fn(crate::auth::KeyRange) -> Need,
-    ) -> Result<Vec<Need>, Status> {
+    ) -> Result<Option<u64>, Status> {
         if lease == 0 || !self.auth_enabled() {
-            return Ok(Vec::new());
+            return self.authorize(meta, needs).await;
         }
         self.read_barrier().await?;
         let keys = self.sm.reader().keys_of_lease(lease)?;
-        Ok(keys.iter().map(|k| what(crate::auth::KeyRange::new(k, &[]))).collect())
+        let mut all = needs.to_vec();
+        all.extend(keys.iter().map(|k| what(crate::auth::KeyRange::new(k, &[]))));
+        self.authorize_local(meta, &all).await
     }
 
     /// Wraps `cmd` as checked at `checked`, the revision [`Ctx::authorize`] returned, with auth

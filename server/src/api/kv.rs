@@ -83,8 +83,8 @@ impl Kv for KvService {
         validate::put(&req)?;
         let mut needs = Vec::new();
         crate::auth::perm::put_needs(&req, &mut needs);
-        needs.extend(self.ctx.lease_key_needs(req.lease, crate::auth::Need::Write).await?);
-        let checked = self.ctx.authorize(&meta, &needs).await?;
+        let write = crate::auth::Need::Write;
+        let checked = self.ctx.authorize_lease(&meta, &needs, req.lease, write).await?;
         match self.ctx.propose(self.ctx.guard(checked, Cmd::Put(req))).await? {
             CmdResult::Put(mut r) => {
                 self.ctx.stamp(&mut r.header);

@@ -305,8 +305,8 @@ impl Lease for LeaseService {
         // deleted with the lease, as in etcd: attaching it took WRITE on it from its writer.
         // With auth off nothing is checked, but the revoke still names the (disabled) auth store
         // it was admitted under, so it is refused if auth was enabled before it applies.
-        let needs = self.ctx.lease_key_needs(req.id, crate::auth::Need::Write).await?;
-        let checked = self.ctx.authorize(&meta, &needs).await?;
+        let write = crate::auth::Need::Write;
+        let checked = self.ctx.authorize_lease(&meta, &[], req.id, write).await?;
         match self.ctx.propose(self.ctx.guard(checked, Cmd::LeaseRevoke(req))).await? {
             CmdResult::LeaseRevoke(mut r) => {
                 self.ctx.stamp(&mut r.header);
