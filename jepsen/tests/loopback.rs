@@ -40,11 +40,14 @@ fn register_under_kill_and_pause_is_valid() {
     let run = harness(&args, &out);
     let (code, r) = (run.code, run.results);
     assert_eq!(code, 0, "expected a valid run; results: {r:#}");
-    for c in ["linearizable", "revision", "cluster"] {
+    for c in ["linearizable", "revision", "member-reads", "cluster"] {
         assert_eq!(verdict(&r, c), "valid", "{c}: {r:#}");
     }
     let ok_ops = r["checkers"]["linearizable"]["stats"]["ok_ops"].as_u64().unwrap();
     assert!(ok_ops > 200, "too few operations to mean anything: {ok_ops}");
+    let sreads =
+        r["checkers"]["member-reads"]["stats"]["serializable_reads_checked"].as_u64().unwrap();
+    assert!(sreads > 20, "too few serializable reads checked to mean anything: {sreads}");
     let faults: u64 =
         r["summary"]["faults"].as_object().unwrap().values().filter_map(Value::as_u64).sum();
     assert!(faults >= 1, "no fault was injected: {r:#}");

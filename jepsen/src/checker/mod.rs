@@ -5,9 +5,11 @@
 //! says `valid` when it ran out of budget, never treats `info` as `fail`, and never drops an
 //! anomaly it found.
 //!
-//! - [`register`]: parses get/put/cas/delete operations (shared by the next two).
+//! - [`register`]: parses get/put/cas/delete operations (shared by the next three).
 //! - [`linearizable`]: per-key linearizability of the register workload ([`wgl`] search).
 //! - [`revision`]: etcd revision invariants of the register workload.
+//! - [`member_reads`]: per-member guarantees of the register workload's serializable reads
+//!   (a member's reads never go back and show the writes it acknowledged).
 //! - [`lock`]: fencing tokens and mutual exclusion of `lock_acquire`/`lock_release`.
 //! - [`set`]: no acknowledged element lost (`set`, `lock-set` and their fenced variants).
 //! - [`lease`]: no early expiry, expiry in one revision, no put on a dead lease, unique ids.
@@ -23,6 +25,7 @@ pub mod keylog;
 pub mod lease;
 pub mod linearizable;
 pub mod lock;
+pub mod member_reads;
 pub mod queue;
 pub mod register;
 pub mod revision;
@@ -217,6 +220,8 @@ pub fn check_history(
             let reg = register::parse(&ops)?;
             checkers.insert("linearizable".to_string(), linearizable::check(&reg, budget));
             checkers.insert("revision".to_string(), revision::check(&reg));
+            let serializable = register::parse_serializable_reads(&ops)?;
+            checkers.insert("member-reads".to_string(), member_reads::check(&reg, &serializable));
         }
         "lock" => {
             checkers.insert("lock".to_string(), lock::check(&ops)?);

@@ -50,6 +50,9 @@ pub struct RegOp {
     pub write_rev: Option<i64>,
     /// `header.revision` of the response.
     pub header_rev: Option<i64>,
+    /// `header.member_id` of the response: the member the client asked (a follower answers
+    /// the writes it forwarded itself).
+    pub member: Option<u64>,
     /// A one-line description for anomaly reports.
     pub describe: String,
 }
@@ -105,7 +108,7 @@ fn opt_i64(op: &Op, v: &Value, field: &str) -> Result<Option<i64>, CheckError> {
 }
 
 /// Parses every register operation (`get`, `put`, `cas`, `delete` with a key). Other operations
-/// (nemesis events, other workloads) are skipped.
+/// (nemesis events, other workloads, the serializable `sget`) are skipped.
 pub fn parse(ops: &[Op]) -> Result<Vec<RegOp>, CheckError> {
     let mut out = Vec::new();
     for op in ops {
@@ -116,83 +119,95 @@ pub fn parse(ops: &[Op]) -> Result<Vec<RegOp>, CheckError> {
             "delete" => RegF::Delete,
             _ => continue,
         };
-        let Some(key) = op.key() else {
-            return Err(malformed(op, "register operation without a key"));
-        };
-        let outcome = op.outcome();
-        let args = &op.invoke.value;
-        let ok = outcome == Outcome::Ok;
-        // Results come from the completion; an ok completion must carry them.
-        let res = op.complete.as_ref().map(|c| &c.value).unwrap_or(&Value::Null);
-        let mut r = RegOp {
-            key: key.to_string(),
-            f,
-            outcome,
-            invoke: op.invoke.index,
-            complete: op.complete_index(),
-            write: None,
-            expect: None,
-            read: None,
-            read_mod_rev: None,
-            succeeded: None,
-            deleted: None,
-            write_rev: None,
-            header_rev: op.complete.as_ref().and_then(|c| c.header).map(|h| h.revision),
-            describe: op.describe(),
-        };
-        match f {
-            RegF::Get => {
-                if ok {
-                    if res.get("value").is_none() {
-                        return Err(malformed(op, "ok get without a value field"));
-                    }
-                    r.read = Some(opt_str(op, res, "value")?);
-                    r.read_mod_rev = opt_i64(op, res, "mod_rev")?;
+        out.push(parse_one(op, f)?);
+    }
+    Ok(out)
+}
+
+/// Parses the workload's serializable reads (`sget`, value shapes as `get`) as `get`s. They are
+/// not linearizable (a member serves them from its own state), so only the per-member checker
+/// ([`super::member_reads`]) reads them.
+pub fn parse_serializable_reads(ops: &[Op]) -> Result<Vec<RegOp>, CheckError> {
+    ops.iter().filter(|op| op.f() == "sget").map(|op| parse_one(op, RegF::Get)).collect()
+}
+
+fn parse_one(op: &Op, f: RegF) -> Result<RegOp, CheckError> {
+    let Some(key) = op.key() else {
+        return Err(malformed(op, "register operation without a key"));
+    };
+    let outcome = op.outcome();
+    let args = &op.invoke.value;
+    let ok = outcome == Outcome::Ok;
+    // Results come from the completion; an ok completion must carry them.
+    let res = op.complete.as_ref().map(|c| &c.value).unwrap_or(&Value::Null);
+    let mut r = RegOp {
+        key: key.to_string(),
+        f,
+        outcome,
+        invoke: op.invoke.index,
+        complete: op.complete_index(),
+        write: None,
+        expect: None,
+        read: None,
+        read_mod_rev: None,
+        succeeded: None,
+        deleted: None,
+        write_rev: None,
+        header_rev: op.complete.as_ref().and_then(|c| c.header).map(|h| h.revision),
+        member: op.complete.as_ref().and_then(|c| c.header).map(|h| h.member_id),
+        describe: op.describe(),
+    };
+    match f {
+        RegF::Get => {
+            if ok {
+                if res.get("value").is_none() {
+                    return Err(malformed(op, "ok get without a value field"));
                 }
+                r.read = Some(opt_str(op, res, "value")?);
+                r.read_mod_rev = opt_i64(op, res, "mod_rev")?;
             }
-            RegF::Put => {
-                r.write = Some(req_str(op, args, "value")?);
-                if ok {
+        }
+        RegF::Put => {
+            r.write = Some(req_str(op, args, "value")?);
+            if ok {
+                r.write_rev = opt_i64(op, res, "mod_rev")?;
+            }
+        }
+        RegF::Cas => {
+            if args.get("expect").is_none() {
+                return Err(malformed(op, "cas without an expect field"));
+            }
+            r.expect = Some(opt_str(op, args, "expect")?);
+            r.write = Some(req_str(op, args, "new")?);
+            if ok {
+                let s = res
+                    .get("succeeded")
+                    .and_then(Value::as_bool)
+                    .ok_or_else(|| malformed(op, "ok cas without a boolean succeeded"))?;
+                r.succeeded = Some(s);
+                if s {
                     r.write_rev = opt_i64(op, res, "mod_rev")?;
-                }
-            }
-            RegF::Cas => {
-                if args.get("expect").is_none() {
-                    return Err(malformed(op, "cas without an expect field"));
-                }
-                r.expect = Some(opt_str(op, args, "expect")?);
-                r.write = Some(req_str(op, args, "new")?);
-                if ok {
-                    let s = res
-                        .get("succeeded")
-                        .and_then(Value::as_bool)
-                        .ok_or_else(|| malformed(op, "ok cas without a boolean succeeded"))?;
-                    r.succeeded = Some(s);
-                    if s {
-                        r.write_rev = opt_i64(op, res, "mod_rev")?;
-                    } else if res.get("current").is_some() {
-                        r.read = Some(opt_str(op, res, "current")?);
-                        r.read_mod_rev = opt_i64(op, res, "current_mod_rev")?;
-                    }
-                }
-            }
-            RegF::Delete => {
-                if ok {
-                    let d = res
-                        .get("deleted")
-                        .and_then(Value::as_u64)
-                        .ok_or_else(|| malformed(op, "ok delete without an integer deleted"))?;
-                    if d > 1 {
-                        return Err(malformed(op, "a single-key delete deleted more than 1"));
-                    }
-                    r.deleted = Some(d);
-                    if d == 1 {
-                        r.write_rev = opt_i64(op, res, "mod_rev")?;
-                    }
+                } else if res.get("current").is_some() {
+                    r.read = Some(opt_str(op, res, "current")?);
+                    r.read_mod_rev = opt_i64(op, res, "current_mod_rev")?;
                 }
             }
         }
-        out.push(r);
+        RegF::Delete => {
+            if ok {
+                let d = res
+                    .get("deleted")
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| malformed(op, "ok delete without an integer deleted"))?;
+                if d > 1 {
+                    return Err(malformed(op, "a single-key delete deleted more than 1"));
+                }
+                r.deleted = Some(d);
+                if d == 1 {
+                    r.write_rev = opt_i64(op, res, "mod_rev")?;
+                }
+            }
+        }
     }
-    Ok(out)
+    Ok(r)
 }

@@ -71,6 +71,16 @@ impl HistoryBuilder {
         self.push(d)
     }
 
+    /// Completes with `ok`, `value` and a header from member `member_id` at `revision`.
+    pub fn ok_from(&mut self, process: u64, value: Value, revision: i64, member_id: u64) -> u64 {
+        let d = self.complete(process, EventType::Ok).value(value).header(Some(Header {
+            revision,
+            raft_term: 1,
+            member_id,
+        }));
+        self.push(d)
+    }
+
     /// Completes with `fail`.
     pub fn fail(&mut self, process: u64, kind: &str) -> u64 {
         let d = self.complete(process, EventType::Fail).error(ErrorInfo::new(kind, "test"));

@@ -9,6 +9,9 @@
 //! Operations (value shapes in [`crate::checker::register`]):
 //! - `get`: a linearizable `Range` on the key (serializable with `--unsafe-serializable-reads`,
 //!   a deliberately broken mode the checker should catch);
+//! - `sget`: a serializable `Range` on the key, recorded as what it is: not linearizable, but
+//!   held to the per-member guarantees ([`crate::checker::member_reads`]: the member's reads
+//!   never go back and show the writes that member acknowledged);
 //! - `put`: a `Put` of a value unique in the run (`p<process>-<seq>`);
 //! - `cas`: a `Txn` comparing on **value equality** (unique values make that the same as "the
 //!   latest write is the one I saw"), with `version == 0` when the expected value is "absent",
@@ -70,6 +73,7 @@ pub struct Register {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum RegisterOp {
     Get,
+    SerializableGet,
     Put(String),
     Cas { expect: Option<String>, new: String },
     Delete,
@@ -79,6 +83,7 @@ impl RegisterOp {
     fn f(&self) -> &'static str {
         match self {
             RegisterOp::Get => "get",
+            RegisterOp::SerializableGet => "sget",
             RegisterOp::Put(_) => "put",
             RegisterOp::Cas { .. } => "cas",
             RegisterOp::Delete => "delete",
@@ -87,14 +92,14 @@ impl RegisterOp {
 
     fn args(&self) -> Value {
         match self {
-            RegisterOp::Get | RegisterOp::Delete => Value::Null,
+            RegisterOp::Get | RegisterOp::SerializableGet | RegisterOp::Delete => Value::Null,
             RegisterOp::Put(v) => json!({ "value": v }),
             RegisterOp::Cas { expect, new } => json!({ "expect": expect, "new": new }),
         }
     }
 
     fn is_read(&self) -> bool {
-        matches!(self, RegisterOp::Get)
+        matches!(self, RegisterOp::Get | RegisterOp::SerializableGet)
     }
 }
 
@@ -112,7 +117,8 @@ async fn execute(
     timeout: Duration,
 ) -> Result<(Value, Option<Header>, Option<Option<String>>), OpError> {
     match op {
-        RegisterOp::Get => {
+        RegisterOp::Get | RegisterOp::SerializableGet => {
+            let serializable = serializable || *op == RegisterOp::SerializableGet;
             let opts = serializable.then(|| GetOptions::new().with_serializable());
             let resp = client::bounded(timeout, client.get(key, opts)).await?;
             let h = client::header(resp.header());
@@ -277,7 +283,8 @@ async fn worker(
         let n = group.fetch_add(1, Ordering::Relaxed);
         let key = Register::key(group_id, n / opts.ops_per_key);
         let op = match rng.random_range(0..100) {
-            0..35 => RegisterOp::Get,
+            0..27 => RegisterOp::Get,
+            27..35 => RegisterOp::SerializableGet,
             35..60 => {
                 seq += 1;
                 RegisterOp::Put(format!("p{process}-{seq}"))

@@ -120,7 +120,7 @@ impl RaftService for Fake {
             })),
         };
         let outcomes = (0..req.into_inner().commands.len())
-            .map(|i| ForwardOutcome { outcome: Some(Outcome::Result(big(i))) })
+            .map(|i| ForwardOutcome { outcome: Some(Outcome::Result(big(i))), log_index: 0 })
             .collect();
         Ok(Response::new(ForwardBatchResponse { outcomes }))
     }
@@ -240,7 +240,7 @@ async fn a_forward_reply_over_4_mib_reaches_every_caller() {
     let outcomes = super::forward::forward_group(p.client, cmds, &Default::default()).await;
     assert_eq!(outcomes.len(), 2);
     for (i, o) in outcomes.into_iter().enumerate() {
-        let r = o.unwrap_or_else(|e| panic!("command {i}: {e}"));
+        let r = o.unwrap_or_else(|e| panic!("command {i}: {e}")).result;
         assert!(r.encoded_len() > BIG_RESULT, "command {i}: a result of {}", r.encoded_len());
     }
 }

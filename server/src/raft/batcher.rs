@@ -70,10 +70,20 @@ pub const MAX_IN_FLIGHT: usize = 1;
 /// may yet apply.
 pub const DEFAULT_ENTRY_TIMEOUT: Duration = Duration::from_secs(7);
 
+/// A command's applied result and the index of the Raft entry that carried it (shared by every
+/// command of a batch). A member that did not apply the entry itself (a follower that forwarded
+/// the command) waits until it has before answering, so it serves its own acknowledged writes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub result: CommandResult,
+    /// 0 when unknown (a leader from before `ForwardOutcome.log_index`): nothing to wait for.
+    pub log_index: u64,
+}
+
 /// Where a batcher's entries go: on the leader, openraft's `client_write`.
 pub trait EntrySink: Send + Sync + 'static {
     /// Proposes one entry and resolves with its applied result.
-    fn write(&self, cmd: Command) -> BoxFuture<'static, Result<CommandResult, ProposeError>>;
+    fn write(&self, cmd: Command) -> BoxFuture<'static, Result<Applied, ProposeError>>;
 }
 
 /// Where a batcher's groups of commands go, with one outcome per command, in order. Every
@@ -84,14 +94,14 @@ pub trait BatchSink: Send + Sync + 'static {
     fn send(
         &self,
         cmds: Vec<RaftCommand>,
-    ) -> BoxFuture<'static, Vec<Result<CommandResult, ProposeError>>>;
+    ) -> BoxFuture<'static, Vec<Result<Applied, ProposeError>>>;
 }
 
 impl<S: EntrySink> BatchSink for S {
     fn send(
         &self,
         mut cmds: Vec<RaftCommand>,
-    ) -> BoxFuture<'static, Vec<Result<CommandResult, ProposeError>>> {
+    ) -> BoxFuture<'static, Vec<Result<Applied, ProposeError>>> {
         let n = cmds.len();
         if n == 1 {
             // A batch of one is the plain command, so an idle cluster writes the log it wrote
@@ -104,12 +114,14 @@ impl<S: EntrySink> BatchSink for S {
         let write = self.write(entry);
         async move {
             match write.await {
-                Ok(CommandResult { result: Some(CmdResult::Batch(BatchResult { results })) })
-                    if results.len() == n =>
-                {
-                    results.into_iter().map(Ok).collect()
+                Ok(Applied {
+                    result:
+                        CommandResult { result: Some(CmdResult::Batch(BatchResult { results })) },
+                    log_index,
+                }) if results.len() == n => {
+                    results.into_iter().map(|result| Ok(Applied { result, log_index })).collect()
                 }
-                Ok(other) => {
+                Ok(Applied { result: other, .. }) => {
                     // Apply answers a batch with one result per command; anything else is a
                     // bug. The commands were applied, so the callers must not retry: report a
                     // non-retryable error rather than a retryable one.
@@ -147,7 +159,7 @@ impl Default for Limits {
     }
 }
 
-type Reply = oneshot::Sender<Result<CommandResult, ProposeError>>;
+type Reply = oneshot::Sender<Result<Applied, ProposeError>>;
 
 struct Pending {
     cmd: RaftCommand,
@@ -195,7 +207,7 @@ impl<S: BatchSink> ProposalBatcher<S> {
     }
 
     /// Queues `cmd` for the next entry and resolves with its own result.
-    pub async fn propose(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
+    pub async fn propose(&self, cmd: Command) -> Result<Applied, ProposeError> {
         let (tx, rx) = oneshot::channel();
         let bytes = cmd.0.encoded_len();
         self.shared.state.lock().queue.push_back(Pending { cmd: cmd.0, bytes, reply: tx });

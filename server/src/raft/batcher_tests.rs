@@ -57,8 +57,12 @@ fn answer(cmd: &RaftCommand) -> CommandResult {
 }
 
 impl EntrySink for Fake {
-    fn write(&self, cmd: Command) -> BoxFuture<'static, Result<CommandResult, ProposeError>> {
-        self.entries.lock().push(cmd.0.clone());
+    fn write(&self, cmd: Command) -> BoxFuture<'static, Result<Applied, ProposeError>> {
+        let log_index = {
+            let mut entries = self.entries.lock();
+            entries.push(cmd.0.clone());
+            entries.len() as u64
+        };
         let fail = self.fail_with.clone();
         let malformed = self.malformed;
         let writing = self.writing.clone();
@@ -78,7 +82,7 @@ impl EntrySink for Fake {
                     b.results.pop();
                 }
             }
-            Ok(result)
+            Ok(Applied { result, log_index })
         }
         .boxed()
     }
@@ -100,9 +104,9 @@ fn keys(entry: &RaftCommand) -> Vec<String> {
     }
 }
 
-fn returned_key(r: &Result<CommandResult, ProposeError>) -> String {
+fn returned_key(r: &Result<Applied, ProposeError>) -> String {
     match r {
-        Ok(CommandResult { result: Some(CmdResult::Put(p)) }) => {
+        Ok(Applied { result: CommandResult { result: Some(CmdResult::Put(p)) }, .. }) => {
             String::from_utf8_lossy(&p.prev_kv.as_ref().expect("prev_kv").key).into_owned()
         }
         other => panic!("unexpected result {other:?}"),
@@ -114,7 +118,7 @@ fn returned_key(r: &Result<CommandResult, ProposeError>) -> String {
 async fn propose_all(
     b: &ProposalBatcher<Fake>,
     names: &[String],
-) -> Vec<Result<CommandResult, ProposeError>> {
+) -> Vec<Result<Applied, ProposeError>> {
     join_all(names.iter().map(|n| b.propose(put(n)))).await
 }
 
@@ -152,7 +156,13 @@ async fn a_failing_command_does_not_fail_the_others_in_its_batch() {
     let results = propose_all(&b, &names).await;
     for (name, r) in names.iter().zip(&results) {
         if name.starts_with("fail") {
-            assert!(matches!(r, Ok(CommandResult { result: Some(CmdResult::Error(_)) })), "{r:?}");
+            assert!(
+                matches!(
+                    r,
+                    Ok(Applied { result: CommandResult { result: Some(CmdResult::Error(_)) }, .. })
+                ),
+                "{r:?}"
+            );
         } else {
             assert_eq!(&returned_key(r), name);
         }
@@ -290,13 +300,13 @@ struct FirstNeverAnswered {
 }
 
 impl EntrySink for FirstNeverAnswered {
-    fn write(&self, cmd: Command) -> BoxFuture<'static, Result<CommandResult, ProposeError>> {
+    fn write(&self, cmd: Command) -> BoxFuture<'static, Result<Applied, ProposeError>> {
         let first = self.calls.fetch_add(1, Ordering::SeqCst) == 0;
         async move {
             if first {
                 futures::future::pending::<()>().await;
             }
-            Ok(answer(&cmd.0))
+            Ok(Applied { result: answer(&cmd.0), log_index: 1 })
         }
         .boxed()
     }
@@ -331,4 +341,32 @@ async fn an_entry_never_answered_does_not_wedge_later_writes() {
         .await
         .expect("a later write is not queued behind the unanswered entry forever");
     assert_eq!(returned_key(&second), "later");
+}
+
+/// Every command of an entry learns that entry's index (a follower waits for it before
+/// answering, issue 21), and commands of different entries learn different indexes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_command_learns_the_index_of_the_entry_that_carried_it() {
+    let fake = Fake::default();
+    let entries = fake.entries.clone();
+    let b = ProposalBatcher::new(fake, limits(4, 1 << 20, 1));
+    let mut tasks = Vec::new();
+    for i in 0..32 {
+        let b = b.clone();
+        tasks.push(tokio::spawn(async move { b.propose(put(&format!("k{i}"))).await }));
+    }
+    let mut by_index: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+    for t in tasks {
+        let r = t.await.expect("task");
+        let key = returned_key(&r);
+        by_index.entry(r.expect("applied").log_index).or_default().push(key);
+    }
+    let entries = entries.lock();
+    assert_eq!(by_index.len(), entries.len(), "one index per entry");
+    for (index, mut got) in by_index {
+        let mut want = keys(&entries[index as usize - 1]);
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "the commands that learned index {index}");
+    }
 }

@@ -24,12 +24,12 @@ use parking_lot::Mutex;
 use picket_proto::picket::raft::v1::forward_outcome::Outcome;
 use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
 use picket_proto::picket::raft::v1::{
-    CommandError, CommandResult, ForwardBatchRequest, ForwardOutcome, ForwardRequest, RaftCommand,
+    CommandError, ForwardBatchRequest, ForwardOutcome, ForwardRequest, RaftCommand,
 };
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::batcher::BatchSink;
+use super::batcher::{Applied, BatchSink};
 use super::proposer::{never_sent, ProposeError, Proposer, NOT_LEADER};
 use super::types::Command;
 
@@ -69,7 +69,7 @@ impl<L: LeaderLink> BatchSink for Forwarder<L> {
     fn send(
         &self,
         cmds: Vec<RaftCommand>,
-    ) -> BoxFuture<'static, Vec<Result<CommandResult, ProposeError>>> {
+    ) -> BoxFuture<'static, Vec<Result<Applied, ProposeError>>> {
         let link = self.link.upgrade();
         let legacy_until = self.legacy_until.clone();
         async move {
@@ -104,7 +104,7 @@ pub(super) async fn forward_group(
     mut client: RaftServiceClient<Channel>,
     cmds: Vec<RaftCommand>,
     legacy_until: &Mutex<Option<Instant>>,
-) -> Vec<Result<CommandResult, ProposeError>> {
+) -> Vec<Result<Applied, ProposeError>> {
     let n = cmds.len();
     match client.forward_batch(ForwardBatchRequest { commands: cmds }).await {
         Ok(resp) => {
@@ -132,12 +132,14 @@ pub(super) async fn forward_group(
 async fn forward_one_by_one(
     client: RaftServiceClient<Channel>,
     cmds: Vec<RaftCommand>,
-) -> Vec<Result<CommandResult, ProposeError>> {
+) -> Vec<Result<Applied, ProposeError>> {
     join_all(cmds.into_iter().map(|c| {
         let mut client = client.clone();
         async move {
             match client.forward(ForwardRequest { command: Some(c) }).await {
-                Ok(r) => Ok(r.into_inner()),
+                // The single-command reply carries no entry index: nothing to wait for, as
+                // before this member learned to wait.
+                Ok(r) => Ok(Applied { result: r.into_inner(), log_index: 0 }),
                 Err(s) => Err(rpc_failure(s)),
             }
         }
@@ -162,9 +164,9 @@ fn rpc_failure(s: Status) -> ProposeError {
 }
 
 /// A leader's outcome for one forwarded command, as the follower's caller sees it.
-fn from_outcome(o: ForwardOutcome) -> Result<CommandResult, ProposeError> {
+fn from_outcome(o: ForwardOutcome) -> Result<Applied, ProposeError> {
     match o.outcome {
-        Some(Outcome::Result(r)) => Ok(r),
+        Some(Outcome::Result(result)) => Ok(Applied { result, log_index: o.log_index }),
         Some(Outcome::Error(e)) => {
             let s = Status::new(Code::from_i32(e.code as i32), e.message);
             if s.message().starts_with(NOT_LEADER) {
@@ -185,8 +187,9 @@ pub async fn serve_group(proposer: &Proposer, cmds: Vec<RaftCommand>) -> Vec<For
         .await
         .into_iter()
         .map(|r| ForwardOutcome {
+            log_index: r.as_ref().map_or(0, |a| a.log_index),
             outcome: Some(match r {
-                Ok(result) => Outcome::Result(result),
+                Ok(applied) => Outcome::Result(applied.result),
                 Err(e) => {
                     let s = e.into_status();
                     // Not a refusal (no kind): the transport's own status, read by its code.
@@ -204,12 +207,14 @@ pub async fn serve_group(proposer: &Proposer, cmds: Vec<RaftCommand>) -> Vec<For
 #[cfg(test)]
 mod tests {
     use super::*;
+    use picket_proto::picket::raft::v1::CommandResult;
 
     #[test]
     fn outcomes_keep_the_single_forward_rules() {
-        let applied = CommandResult::default();
-        let ok = ForwardOutcome { outcome: Some(Outcome::Result(applied.clone())) };
-        assert_eq!(from_outcome(ok).unwrap(), applied);
+        let result = CommandResult::default();
+        let ok = ForwardOutcome { outcome: Some(Outcome::Result(result.clone())), log_index: 7 };
+        // The entry's index travels with the result, so the follower can wait for it.
+        assert_eq!(from_outcome(ok).unwrap(), Applied { result, log_index: 7 });
 
         let refused = ForwardOutcome {
             outcome: Some(Outcome::Error(CommandError {
@@ -217,6 +222,7 @@ mod tests {
                 message: ProposeError::NotLeader(None).to_string(),
                 ..Default::default()
             })),
+            log_index: 0,
         };
         assert!(matches!(from_outcome(refused), Err(ProposeError::NotLeader(None))));
 
@@ -226,6 +232,7 @@ mod tests {
                 message: "picket: bad".into(),
                 ..Default::default()
             })),
+            log_index: 0,
         };
         match from_outcome(failed) {
             Err(ProposeError::Remote(s)) => {
@@ -235,7 +242,7 @@ mod tests {
             other => panic!("expected a remote error, got {other:?}"),
         }
         assert!(matches!(
-            from_outcome(ForwardOutcome { outcome: None }),
+            from_outcome(ForwardOutcome { outcome: None, log_index: 0 }),
             Err(ProposeError::Timeout)
         ));
     }

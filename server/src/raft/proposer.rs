@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::batcher::{EntrySink, Limits, ProposalBatcher};
+use super::batcher::{Applied, EntrySink, Limits, ProposalBatcher};
 use super::forward::{Forwarder, LeaderLink};
 use super::network::{peer_channel, peer_client};
 use super::read_index::{ReadIndexBatcher, ReadIndexSource};
@@ -172,8 +172,9 @@ impl Proposer {
     }
 
     /// Proposes on this member only; fails with `NotLeader` if it is not the leader. The
-    /// command shares an entry with concurrent proposals (group commit) and gets its own result.
-    pub async fn propose_local(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
+    /// command shares an entry with concurrent proposals (group commit) and gets its own result,
+    /// with the index of that entry.
+    pub async fn propose_local(&self, cmd: Command) -> Result<Applied, ProposeError> {
         if self.paused() {
             // Nothing was appended, so the caller may retry (elsewhere) safely.
             return Err(ProposeError::NotLeader(None));
@@ -219,7 +220,8 @@ impl Proposer {
                         Err(ProposeError::NotLeader(_)) => {
                             tokio::time::sleep(NO_LEADER_BACKOFF).await;
                         }
-                        other => return other,
+                        Ok(applied) => return self.applied_here(applied).await,
+                        Err(e) => return Err(e),
                     }
                 }
                 Err(ProposeError::NotLeader(_)) => {
@@ -228,9 +230,23 @@ impl Proposer {
                     }
                     tokio::time::sleep(NO_LEADER_BACKOFF).await;
                 }
-                other => return other,
+                other => return other.map(|a| a.result),
             }
         }
+    }
+
+    /// A forwarded command's result, once this member has applied the entry that carried it
+    /// too (issue 21): etcd answers a write only after the member the client asked applied it,
+    /// so a serializable read there right after the reply sees the write. The wait is bounded
+    /// by the request timeout (the caller's deadline cuts it shorter); when it runs out, say
+    /// "outcome unknown", as etcd does, rather than acknowledge a write this member's reads
+    /// would not show. Safe: the write did commit, and no caller retries an unknown outcome on
+    /// the strength of it having failed.
+    async fn applied_here(&self, applied: Applied) -> Result<CommandResult, ProposeError> {
+        if applied.log_index > 0 && !applied_at(&self.inner, applied.log_index) {
+            wait_applied_at(&self.inner, applied.log_index).await?;
+        }
+        Ok(applied.result)
     }
 
     /// On the leader: confirms leadership with a quorum in a round that starts after this call
@@ -362,7 +378,7 @@ fn batch_limits(request_timeout: Duration) -> Limits {
 struct LocalWrites(Weak<Inner>);
 
 impl EntrySink for LocalWrites {
-    fn write(&self, cmd: Command) -> BoxFuture<'static, Result<CommandResult, ProposeError>> {
+    fn write(&self, cmd: Command) -> BoxFuture<'static, Result<Applied, ProposeError>> {
         let inner = self.0.upgrade();
         async move {
             let inner = inner.ok_or(ProposeError::Stopped)?;
@@ -377,7 +393,7 @@ impl EntrySink for LocalWrites {
                 return Err(ProposeError::NotLeader(other));
             }
             match inner.raft.client_write(cmd).await {
-                Ok(resp) => Ok(resp.data.0),
+                Ok(resp) => Ok(Applied { result: resp.data.0, log_index: resp.log_id.index }),
                 // The metrics said this member leads, so the core most likely appended the
                 // entry and answers ForwardToLeader because a new leader truncated it here.
                 // That does not mean it will never commit: with five or more voters another
@@ -416,7 +432,10 @@ struct LeaderReads(Weak<Inner>);
 
 /// Whether `inner`'s state machine has applied `index`, without waiting.
 fn applied(inner: &Weak<Inner>, index: u64) -> bool {
-    let Some(inner) = inner.upgrade() else { return false };
+    inner.upgrade().is_some_and(|inner| applied_at(&inner, index))
+}
+
+fn applied_at(inner: &Inner, index: u64) -> bool {
     let applied = inner.raft.metrics().borrow().last_applied.map(|l| l.index);
     applied.is_some_and(|a| a >= index)
 }
@@ -426,18 +445,22 @@ fn wait_applied(inner: &Weak<Inner>, index: u64) -> BoxFuture<'static, Result<()
     let inner = inner.upgrade();
     async move {
         let inner = inner.ok_or(ProposeError::Stopped)?;
-        inner
-            .raft
-            .wait(Some(inner.request_timeout))
-            .applied_index_at_least(Some(index), "read index")
-            .await
-            .map(|_| ())
-            .map_err(|e| match e {
-                openraft::metrics::WaitError::ShuttingDown => ProposeError::Stopped,
-                _ => ProposeError::Timeout,
-            })
+        wait_applied_at(&inner, index).await
     }
     .boxed()
+}
+
+async fn wait_applied_at(inner: &Inner, index: u64) -> Result<(), ProposeError> {
+    inner
+        .raft
+        .wait(Some(inner.request_timeout))
+        .applied_index_at_least(Some(index), "applied index")
+        .await
+        .map(|_| ())
+        .map_err(|e| match e {
+            openraft::metrics::WaitError::ShuttingDown => ProposeError::Stopped,
+            _ => ProposeError::Timeout,
+        })
 }
 
 impl ReadIndexSource for LocalReads {

@@ -139,7 +139,10 @@ impl RaftService for PeerService {
         // Only propose locally: a forwarded request is never forwarded again, so a stale leader
         // hint cannot bounce a proposal around the cluster.
         match self.proposer.propose_local(Command(command)).await {
-            Ok(result) => Ok(Response::new(result)),
+            // The single-command reply has no room for the entry's index; only a follower
+            // talking to a leader from before `ForwardBatch` uses it, and such a leader would not
+            // send one either.
+            Ok(applied) => Ok(Response::new(applied.result)),
             Err(e) => Err(ProposeError::into_status(e)),
         }
     }
