@@ -20,6 +20,9 @@ use picket_etcdsnap::{read, status, Error, EtcdSnapshot, Status};
 /// The compaction revision of the scenario: the delete of `k2` (see `make_history`).
 const COMPACT_AT: i64 = 7;
 
+/// Keys written by the scenario's one big txn (etcd's default `--max-txn-ops` is 128).
+const BULK_KEYS: usize = 100;
+
 #[test]
 fn snapshots_of_a_real_etcd_match_what_etcdctl_reports() -> Result<()> {
     let started = Instant::now();
@@ -57,8 +60,9 @@ fn put(etcd: &Etcd, key: &[u8], value: &[u8]) -> Result<()> {
 
 /// Writes the scenario's history; returns the lease ids granted. Revisions, in order: k1 three
 /// times (2-4), k2 twice (5-6), delete k2 (7), a key with non-UTF-8 bytes (8), a txn writing a
-/// key with a NUL byte and k3 (9), two keys on a lease (10-11); compaction at 7; then k2 again
-/// (12, a new incarnation), k1 a fourth time (13) and a delete of k3 (14).
+/// key with a NUL byte, k3, the bulk keys and a big value (9), two keys on a lease (10-11);
+/// compaction at 7; then k2 again (12, a new incarnation), k1 a fourth time (13) and a delete of
+/// k3 (14).
 fn make_history(etcd: &Etcd) -> Result<BTreeSet<i64>> {
     for v in ["v1", "v2", "v3"] {
         put(etcd, b"k1", v.as_bytes())?;
@@ -68,10 +72,16 @@ fn make_history(etcd: &Etcd) -> Result<BTreeSet<i64>> {
     etcd.ctl(["del", "k2"])?;
     // Any byte but NUL can travel in argv.
     put(etcd, b"bin\x01\xff\nkey", b"\xfe\x80 value")?;
-    // etcdctl's txn reads Go-quoted strings, the one way to send a NUL byte through it.
-    let txn =
-        b"mod(\"k1\") > \"0\"\n\nput \"nul\\x00key\" \"v\\x00\\xff\"\nput k3 x\n\nput never 1\n\n";
-    let out = etcd.ctl_stdin(["txn"], txn)?;
+    // etcdctl's txn reads Go-quoted strings, the one way to send a NUL byte through it. The
+    // bulk keys (one revision, many sub revisions) fill several leaf pages under a branch page
+    // and the big value spans overflow pages, so the real file exercises both.
+    let mut txn =
+        b"mod(\"k1\") > \"0\"\n\nput \"nul\\x00key\" \"v\\x00\\xff\"\nput k3 x\n".to_vec();
+    for i in 0..BULK_KEYS {
+        txn.extend(format!("put bulk/{i:03} {}\n", "v".repeat(200)).into_bytes());
+    }
+    txn.extend(format!("put big {}\n\nput never 1\n\n", "b".repeat(3 * 4096)).into_bytes());
+    let out = etcd.ctl_stdin(["txn"], &txn)?;
     ensure!(out.starts_with(b"SUCCESS"), "txn: {}", String::from_utf8_lossy(&out));
     let mut leases = BTreeSet::new();
     for ttl in ["600", "300"] {
