@@ -66,6 +66,9 @@ mod revision;
 mod status;
 mod trailer;
 
+/// The checksum [`status`] reports, for a caller that reports its own format by the same rule
+/// (`picket snapshot status`).
+pub use crc32c::Crc32c;
 pub use error::{Error, InvalidMeta, PageRef};
 pub use model::{Auth, EtcdSnapshot, Lease, Record};
 pub use status::Status;

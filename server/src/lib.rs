@@ -20,7 +20,8 @@
 //! - [`concurrency`], [`queue`], [`subscription`]: locks and elections, work queues and consumer
 //!   groups, recipes on KV + lease + watch.
 //! - [`metrics`]: Prometheus metrics and the HTTP health endpoints (`--listen-metrics-urls`).
-//! - [`restore`]: offline restore of a snapshot file into a data dir for a new cluster.
+//! - [`restore`]: offline restore of a snapshot file (Picket's or etcd's) into a data dir for a
+//!   new cluster, and `snapshot status`.
 
 pub mod api;
 pub mod apply;

@@ -598,3 +598,63 @@ async fn etcdctl_elect_and_observe() -> Result<()> {
     cluster.finish();
     Ok(())
 }
+
+/// Issue 21, the live path from etcd: `etcdctl make-mirror` from a running etcd 3.4 into Picket
+/// copies the existing keys, then keeps applying etcd's puts and deletes until it is stopped, so
+/// clients can move over once the mirror has caught up. This test fails, naming the package,
+/// when etcd is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_make_mirror_copies_a_live_etcd_into_picket() -> Result<()> {
+    let etcd = picket_procs::tools::etcd()?;
+    let etcd_cluster =
+        Cluster::start(1, ClusterOptions { binary: Some(etcd), ..ClusterOptions::default() })
+            .await?;
+    let picket = Cluster::start(3, ClusterOptions::default()).await?;
+    let src = Etcdctl::new(&etcd_cluster.endpoints());
+    let dst = Etcdctl::new(&picket.endpoints());
+    for i in 0..20 {
+        ok(&src, &["put", &format!("app/{i:02}"), &format!("v{i}")]).await?;
+    }
+    ok(&src, &["put", "other/x", "outside the prefix"]).await?;
+    // make-mirror takes one destination endpoint (etcdctl 3.4 dials exactly that string).
+    let dest = picket.endpoint(1);
+    let mirror = src.spawn(&["make-mirror", "--prefix", "app/", &dest])?;
+
+    info!("the existing keys arrive, then live changes follow");
+    let stderr = || mirror.stderr();
+    wait_for(&dst, "app/19", Some("v19")).await.with_context(stderr)?;
+    ok(&src, &["put", "app/20", "live"]).await?;
+    ok(&src, &["del", "app/00"]).await?;
+    ok(&src, &["put", "app/01", "changed"]).await?;
+    wait_for(&dst, "app/20", Some("live")).await?;
+    wait_for(&dst, "app/01", Some("changed")).await?;
+    wait_for(&dst, "app/00", None).await?;
+    mirror.interrupt().await?;
+
+    let want: Vec<String> = {
+        let mut keys: Vec<String> = (1..=20).map(|i| format!("app/{i:02}")).collect();
+        keys.sort();
+        keys
+    };
+    let got = ok(&dst, &["get", "app/", "--prefix", "--keys-only"]).await?;
+    let got: Vec<&str> = got.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(got, want, "keys mirrored into Picket");
+    assert_eq!(ok(&dst, &["get", "other/x"]).await?, "", "outside the prefix stays behind");
+    picket.finish();
+    etcd_cluster.finish();
+    Ok(())
+}
+
+/// Polls `ctl` until `key` holds `value` (`None`: absent), for at most [`LINE_TIMEOUT`].
+async fn wait_for(ctl: &Etcdctl, key: &str, value: Option<&str>) -> Result<()> {
+    let deadline = Instant::now() + LINE_TIMEOUT;
+    loop {
+        let out = ok(ctl, &["get", key, "--print-value-only"]).await?;
+        let got = out.lines().next().filter(|l| !l.is_empty());
+        if got == value {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "{key} is {got:?}, expected {value:?}");
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}

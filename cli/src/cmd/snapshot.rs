@@ -1,7 +1,8 @@
 //! `snapshot save FILE` streams a member's snapshot to a file; `snapshot restore FILE` builds
 //! a data dir for a new cluster from one (offline, with the server's own
-//! `picket_server::restore::restore_snapshot`, mirroring `etcdutl snapshot restore`).
-//! Both report progress on stderr.
+//! `picket_server::restore::restore_snapshot`, mirroring `etcdutl snapshot restore`); both
+//! report progress on stderr. `snapshot status FILE` reports a file offline. `status` and
+//! `restore` read Picket's snapshots and etcd's (bbolt) alike.
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -10,7 +11,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use futures::StreamExt;
-use picket_server::restore::{restore_snapshot, RestoreOptions, RestoreReport};
+use picket_server::restore::{
+    restore_snapshot, snapshot_status, RestoreOptions, RestoreReport, SnapshotFormat,
+};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -31,7 +34,11 @@ pub enum SnapshotCmd {
         #[arg(long)]
         endpoint: Option<String>,
     },
+    /// Show what a snapshot file holds (hash, revision, total keys, total size), offline.
+    /// Reads both formats: Picket's own and etcd's (`etcdctl snapshot save` against etcd).
+    Status { file: PathBuf },
     /// Restore FILE into a new data dir for a new cluster (run once per member, offline).
+    /// FILE is Picket's own snapshot or an etcd v3 snapshot (etcd 3.4/3.5).
     Restore {
         file: PathBuf,
         /// This member's name; it must appear in --initial-cluster.
@@ -55,6 +62,7 @@ pub enum SnapshotCmd {
 pub async fn run(ctx: &Ctx, c: SnapshotCmd) -> Result<u8> {
     match c {
         SnapshotCmd::Save { file, endpoint } => save(ctx, &file, endpoint).await,
+        SnapshotCmd::Status { file } => status(ctx, file).await,
         SnapshotCmd::Restore {
             file,
             name,
@@ -181,6 +189,53 @@ async fn save(ctx: &Ctx, file: &Path, endpoint: Option<String>) -> Result<u8> {
     Ok(exit::OK)
 }
 
+async fn status(ctx: &Ctx, file: PathBuf) -> Result<u8> {
+    let shown = file.display().to_string();
+    let s = tokio::task::spawn_blocking(move || snapshot_status(&file))
+        .await
+        .context("the status task panicked")?
+        .map_err(|e| exit::fail(exit::ERROR, format!("snapshot status failed: {e}")))?;
+    let format = match s.format {
+        SnapshotFormat::Picket => "picket",
+        SnapshotFormat::Etcd => "etcd",
+    };
+    match ctx.format() {
+        // etcdctl's JSON field names, plus the format.
+        Format::Json => output::json_line(&json!({
+            "hash": s.hash, "revision": s.revision, "totalKey": s.total_keys,
+            "totalSize": s.total_size, "format": format,
+        })),
+        Format::Simple => output::line(format!(
+            "{:x}, {}, {}, {}, {format}",
+            s.hash,
+            s.revision,
+            s.total_keys,
+            mib(s.total_size)
+        )),
+        Format::Table => {
+            let mut t =
+                output::Table::new(["HASH", "REVISION", "TOTAL KEYS", "TOTAL SIZE", "FORMAT"]);
+            t.row([
+                format!("{:x}", s.hash),
+                s.revision.to_string(),
+                s.total_keys.to_string(),
+                mib(s.total_size),
+                format.to_string(),
+            ]);
+            t.print();
+            output::note(format!(
+                "{shown}: {}",
+                match s.format {
+                    SnapshotFormat::Picket => "restore with `picket snapshot restore`",
+                    SnapshotFormat::Etcd =>
+                        "restore with `picket snapshot restore` or `etcdutl snapshot restore`",
+                }
+            ));
+        }
+    }
+    Ok(exit::OK)
+}
+
 async fn restore(ctx: &Ctx, o: RestoreOptions) -> Result<u8> {
     let size = std::fs::metadata(&o.snapshot).map(|m| m.len()).unwrap_or(0);
     output::note(format!(
@@ -222,6 +277,7 @@ async fn restore(ctx: &Ctx, o: RestoreOptions) -> Result<u8> {
             "revision": report.revision,
             "compact_revision": report.compact_revision,
             "hash": report.hash,
+            "from_etcd": report.from_etcd,
             "keys": report.keys,
             "leases": report.leases,
             "snapshot_bytes": report.snapshot_bytes,

@@ -283,6 +283,30 @@ impl AuthService {
         }
     }
 
+    /// A store restored from an etcd snapshot is on without a token signing key (etcd keeps
+    /// none in its backend, and a key derived from the file would let anyone holding a backup
+    /// forge tokens). The first Authenticate with a good password proposes a random one; apply
+    /// keeps only the first of concurrent proposals (`auth::store::mutate`), and the store
+    /// returned is read after this member applied it.
+    async fn install_key(&self, judged: &AuthState) -> Result<Arc<AuthState>, Status> {
+        #[allow(clippy::disallowed_methods)] // Randomness before proposing, not in apply.
+        let signing_key: [u8; 32] = rand::random();
+        let op = Op::Enable(AuthEnable { signing_key: signing_key.to_vec() });
+        // A concurrent install (or any auth change) makes this one stale; either way the store
+        // read next says whether a key is in place.
+        if let Err(e) = self.ctx.propose(mutation_command(Some(judged.revision), op)).await {
+            tracing::debug!(error = %e, "installing the token signing key");
+        }
+        let state = self.fresh_state().await?;
+        if state.signing_key.is_empty() {
+            return Err(Status::unavailable(
+                "picket: the token signing key of this restored store is being installed; retry",
+            ));
+        }
+        tracing::info!(member_id = self.ctx.member_id, "token signing key installed");
+        Ok(state)
+    }
+
     /// The auth store as of a read barrier (at least as new as the request).
     async fn fresh_state(&self) -> Result<Arc<AuthState>, Status> {
         self.ctx.read_barrier().await?;
@@ -370,7 +394,8 @@ impl Auth for AuthService {
         if user.options.as_ref().is_some_and(|o| o.no_password) {
             return Err(failed());
         }
-        let hash = user.password.clone();
+        let checked_hash = user.password.clone();
+        let hash = checked_hash.clone();
         let password = r.password;
         let ok = tokio::task::spawn_blocking(move || password::verify(&password, &hash))
             .await
@@ -379,9 +404,16 @@ impl Auth for AuthService {
             tracing::debug!(user = %r.name, "authentication failed");
             return Err(failed());
         }
+        let state =
+            if state.signing_key.is_empty() { self.install_key(&state).await? } else { state };
+        // The token binds the hash the password was checked against; a store read again (to
+        // install the key) must still hold it.
+        if store::find_user(&state, &r.name).is_none_or(|u| u.password != checked_hash) {
+            return Err(failed());
+        }
         let expires = now_unix().saturating_add(self.ctx.auth.token_ttl.as_secs().max(1));
         let token =
-            token::sign(&state.signing_key, &r.name, &user.password, state.revision, expires);
+            token::sign(&state.signing_key, &r.name, &checked_hash, state.revision, expires);
         Ok(Response::new(AuthenticateResponse { header: self.header(), token }))
     }
 

@@ -51,6 +51,15 @@ fn encode_revision(enabled: bool, revision: u64) -> Vec<u8> {
     out
 }
 
+/// The two meta records that hold `state` (for an offline restore that builds a store from
+/// another source: `crate::restore`).
+pub fn stored_records(state: &AuthState) -> [(&'static [u8], Vec<u8>); 2] {
+    [
+        (KEY_STATE, state.encode_to_vec()),
+        (KEY_REVISION, encode_revision(state.enabled, state.revision)),
+    ]
+}
+
 /// Applies one auth mutation in `batch`. A refused mutation is the inner `Err` (a command result,
 /// the same on every member); only storage failures are the outer one.
 pub fn apply<E: Engine>(

@@ -36,8 +36,17 @@ fn role_exists(state: &AuthState, name: &str) -> bool {
 pub fn mutate(state: &mut AuthState, op: Op) -> Result<(), AuthError> {
     match op {
         Op::Enable(e) => {
-            if state.enabled {
+            let needs_key = state.signing_key.is_empty() && !e.signing_key.is_empty();
+            if state.enabled && !needs_key {
                 // Already on: keep the signing key, so tokens already issued stay valid.
+                return Ok(());
+            }
+            if state.enabled {
+                // On without a key: a store restored from an etcd snapshot (etcd keeps its
+                // token keys out of the backend). The first Authenticate proposes one; it
+                // takes, and the revision bump makes every member reload the store.
+                state.signing_key = e.signing_key;
+                state.revision += 1;
                 return Ok(());
             }
             let root = find_user(state, ROOT).ok_or(AuthError::RootUserNotExist)?;

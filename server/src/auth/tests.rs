@@ -54,6 +54,25 @@ fn write(k: &[u8], e: &[u8]) -> Need {
     Need::Write(KeyRange::new(k, e))
 }
 
+/// A store restored from an etcd snapshot is on but has no token key (etcd keeps none in its
+/// backend): the first key proposed takes, bumps the revision (so every member reloads the
+/// store), and later ones are ignored like any enable of an enabled store.
+#[test]
+fn an_enabled_store_without_a_signing_key_takes_the_first_one_proposed() {
+    let mut s = AuthState { enabled: true, revision: 7, ..Default::default() };
+    mutate(&mut s, Op::Enable(AuthEnable { signing_key: vec![3; 32] })).unwrap();
+    assert_eq!((s.signing_key.clone(), s.revision), (vec![3; 32], 8));
+    mutate(&mut s, Op::Enable(AuthEnable { signing_key: vec![4; 32] })).unwrap();
+    assert_eq!((s.signing_key.clone(), s.revision), (vec![3; 32], 8));
+    // No token verifies under the empty key of a store that has not got one yet.
+    let token = crate::auth::token::sign(&[], "alice", b"hash", 7, u64::MAX);
+    let claims = crate::auth::token::parse(&token).unwrap();
+    assert_eq!(
+        crate::auth::token::verify(&[], &claims, b"hash", 0),
+        Err(AuthError::InvalidAuthToken)
+    );
+}
+
 #[test]
 fn enable_needs_root_user_with_root_role() {
     let enable = || Op::Enable(AuthEnable { signing_key: vec![7; 32] });

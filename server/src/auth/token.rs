@@ -99,6 +99,11 @@ pub fn verify(
     password_hash: &[u8],
     now: u64,
 ) -> Result<(), AuthError> {
+    if key.is_empty() {
+        // No key yet (a store restored from etcd before its first Authenticate): no token was
+        // issued, and anyone could compute a MAC under the empty key.
+        return Err(AuthError::InvalidAuthToken);
+    }
     mac(key, &claims.user, claims.auth_revision, claims.expires, password_hash)
         .verify_slice(&claims.signature)
         .map_err(|_| AuthError::InvalidAuthToken)?;

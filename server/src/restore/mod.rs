@@ -2,9 +2,14 @@
 //! `etcdutl snapshot restore`. `picket snapshot restore` is a thin wrapper around
 //! [`restore_snapshot`].
 //!
-//! The input is the file `Maintenance.Snapshot` streams (and `etcdctl snapshot save` writes):
-//! [`crate::storage::snapshot_file`] framing around a [`crate::storage::snapshot`] blob. Both
-//! checksums are verified before anything is written.
+//! The input is either of two formats, told apart by their first bytes:
+//! - Picket's own, the file `Maintenance.Snapshot` streams from Picket (and `etcdctl snapshot
+//!   save` writes against Picket): [`crate::storage::snapshot_file`] framing around a
+//!   [`crate::storage::snapshot`] blob. Both checksums are verified before anything is written.
+//! - **etcd's** (3.4/3.5): the bbolt database `etcdctl snapshot save` writes against etcd, with
+//!   its SHA-256 trailer when present (verified). It is read whole and checked by
+//!   `picket-etcdsnap` and converted by [`etcd`]: a team moving from etcd restores its backup
+//!   the way it would have restored it into etcd.
 //!
 //! What the new data dir holds, and where each part comes from:
 //! - **Data, from the snapshot:** every key with its history since the last compaction, the
@@ -79,6 +84,11 @@ use crate::storage::snapshot::{self, SnapshotError};
 use crate::storage::snapshot_file::{self, SnapshotFileError};
 use crate::storage::state_machine::{StateMachine, RAFT_META_KEYS};
 
+pub mod etcd;
+mod status;
+
+pub use status::{snapshot_status, SnapshotFormat, SnapshotStatus};
+
 /// `picketd`'s default `--initial-cluster-token`; a restore must use the token the restored
 /// members will be started with.
 pub const DEFAULT_INITIAL_CLUSTER_TOKEN: &str = "picket-cluster";
@@ -144,6 +154,8 @@ pub struct RestoreReport {
     pub cluster_id: u64,
     /// The new cluster's members, in `--initial-cluster` order.
     pub members: Vec<RestoredMember>,
+    /// Whether the file was an etcd snapshot (bbolt) rather than Picket's own format.
+    pub from_etcd: bool,
     /// The snapshot's (and so the restored store's) current revision.
     pub revision: i64,
     /// The snapshot's compaction point, -1 if it was never compacted.
@@ -180,6 +192,12 @@ pub enum RestoreError {
     /// The snapshot file is not a (complete, undamaged) Picket snapshot file.
     #[error("{path}: {source}")]
     SnapshotFile { path: PathBuf, source: SnapshotFileError },
+    /// The file is an etcd snapshot, but damaged (its checksum or its pages).
+    #[error("{path}: this etcd snapshot is unusable: {source}")]
+    EtcdSnapshot { path: PathBuf, source: picket_etcdsnap::Error },
+    /// The etcd snapshot reads, but holds something Picket cannot take over faithfully.
+    #[error("{path}: cannot import this etcd snapshot: {source}")]
+    EtcdImport { path: PathBuf, source: etcd::ImportError },
     /// The file's framing checks out but the state inside it is damaged or of an unknown format.
     #[error("{path}: the state inside the snapshot file is unusable: {source}")]
     SnapshotData { path: PathBuf, source: SnapshotError },
@@ -297,11 +315,18 @@ pub fn restore_snapshot(opts: &RestoreOptions) -> Result<RestoreReport, RestoreE
     let path = &opts.snapshot;
     let file = fs::read(path)
         .map_err(|source| RestoreError::ReadSnapshot { path: path.clone(), source })?;
-    let blob = snapshot_file::decode(&file)
-        .map_err(|source| RestoreError::SnapshotFile { path: path.clone(), source })?;
-    // Check the inner blob completely before creating anything.
-    snapshot::parse(blob)
-        .map_err(|source| RestoreError::SnapshotData { path: path.clone(), source })?;
+    // Check the whole input before creating anything.
+    let source = if picket_etcdsnap::is_etcd_snapshot(&file) {
+        let snap = picket_etcdsnap::read(&file)
+            .map_err(|source| RestoreError::EtcdSnapshot { path: path.clone(), source })?;
+        Source::Etcd(Box::new(snap))
+    } else {
+        let blob = snapshot_file::decode(&file)
+            .map_err(|source| RestoreError::SnapshotFile { path: path.clone(), source })?;
+        snapshot::parse(blob)
+            .map_err(|source| RestoreError::SnapshotData { path: path.clone(), source })?;
+        Source::Picket(blob)
+    };
 
     let parent = match target.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -324,7 +349,7 @@ pub fn restore_snapshot(opts: &RestoreOptions) -> Result<RestoreReport, RestoreE
     }
     fs::create_dir(&staging).map_err(io_err("create", &staging))?;
 
-    let built = build(&staging, blob, &plan).and_then(|mut report| {
+    let built = build(&staging, &source, &plan, path).and_then(|mut report| {
         identity::record(&staging, &plan.identity)?;
         // Durability: every file and directory of the new data dir must be on disk before the
         // rename publishes it, or a crash just after the rename could leave a data dir whose
@@ -360,22 +385,40 @@ pub fn restore_snapshot(opts: &RestoreOptions) -> Result<RestoreReport, RestoreE
     }
 }
 
+/// A checked input, of either format.
+enum Source<'a> {
+    Picket(&'a [u8]),
+    Etcd(Box<picket_etcdsnap::EtcdSnapshot>),
+}
+
 /// Writes the store, the Raft log and snapshot dir into `dir`, then reopens the state machine
 /// the way `picketd` will, to check it loads and to fill the report.
-fn build(dir: &Path, blob: &[u8], plan: &Plan) -> Result<RestoreReport, RestoreError> {
+fn build(
+    dir: &Path,
+    source: &Source<'_>,
+    plan: &Plan,
+    path: &Path,
+) -> Result<RestoreReport, RestoreError> {
     let engine = RocksEngine::open(dir.join("db")).map_err(storage)?;
-    // Synced inside `install`.
-    snapshot::install(engine.db(), blob).map_err(storage)?;
-    let meta = engine.cf_handle(Cf::Meta);
-    let mut batch = WriteBatch::default();
-    for key in RAFT_META_KEYS {
-        batch.delete_cf(meta, key);
+    match source {
+        Source::Picket(blob) => {
+            // Synced inside `install`.
+            snapshot::install(engine.db(), blob).map_err(storage)?;
+            let meta = engine.cf_handle(Cf::Meta);
+            let mut batch = WriteBatch::default();
+            for key in RAFT_META_KEYS {
+                batch.delete_cf(meta, key);
+            }
+            let mut wo = WriteOptions::default();
+            // Durability: the staging dir is synced as a whole before it is published, but
+            // syncing the WAL here keeps every write of the restore durable by the same rule.
+            wo.set_sync(true);
+            engine.db().write_opt(batch, &wo).map_err(storage)?;
+        }
+        // Synced inside `import`; an etcd file holds no Raft state of ours to drop.
+        Source::Etcd(snap) => etcd::import(&engine, snap)
+            .map_err(|source| RestoreError::EtcdImport { path: path.to_path_buf(), source })?,
     }
-    let mut wo = WriteOptions::default();
-    // Durability: the staging dir is synced as a whole before it is published, but syncing the
-    // WAL here keeps every write of the restore durable by the same rule.
-    wo.set_sync(true);
-    engine.db().write_opt(batch, &wo).map_err(storage)?;
     LogStore::new(engine.db().clone())
         .seed(std::slice::from_ref(&plan.first_entry))
         .map_err(storage)?;
@@ -399,6 +442,7 @@ fn build(dir: &Path, blob: &[u8], plan: &Plan) -> Result<RestoreReport, RestoreE
         member_id: plan.identity.member_id,
         cluster_id: plan.identity.cluster_id,
         members: plan.members.clone(),
+        from_etcd: matches!(source, Source::Etcd(_)),
         revision,
         compact_revision,
         hash,
@@ -440,5 +484,4 @@ fn sync_tree(dir: &Path) -> Result<(), RestoreError> {
 }
 
 #[cfg(test)]
-#[path = "restore_tests.rs"]
 mod tests;
