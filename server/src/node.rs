@@ -327,7 +327,19 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         max_decode,
     });
     let gateway_router = crate::api::gateway::router(gateway.clone());
+    // The client listeners accept TLS themselves (`net::tls`: ALPN h2 and http/1.1, for the
+    // gateway's HTTP/1.1 clients); tonic serves what they hand over.
+    let client_acceptor = client_tls.client_acceptor()?;
     for (l, https) in client_listeners.into_iter().zip(tls::listener_tls(&cfg, Side::Client)) {
+        let acceptor = if https {
+            // `Config::validate` refuses an https listener without a certificate; this arm
+            // keeps that rule from being bypassed by a caller that skipped validation.
+            Some(client_acceptor.clone().ok_or(crate::tls::TlsError::NoCertificate {
+                cert_flag: Side::Client.cert_flag(),
+            })?)
+        } else {
+            None
+        };
         let kv = KvServer::from_arc(gateway.kv.clone())
             .max_decoding_message_size(max_decode)
             .max_encoding_message_size(usize::MAX);
@@ -340,7 +352,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         let mut stop_rx = stop_rx.clone();
         servers.spawn(
             client_tls
-                .server_builder(https)?
+                .server_builder(false)?
                 // HTTP/1.1 beside HTTP/2, for the JSON gateway's clients (curl, Patroni); gRPC
                 // stays on HTTP/2.
                 .accept_http1(true)
@@ -377,8 +389,9 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
                         cfg.sub_max_lag_revisions,
                     ),
                 ))
-                // Repairs the `:authority` etcdctl 3.4 sends for URL endpoints (see the module).
-                .serve_with_incoming_shutdown(crate::net::authority::incoming(l), async move {
+                // TLS accepted by `net::tls`; every connection read through the `:authority`
+                // repair etcdctl 3.4's URL endpoints need (`net::authority`).
+                .serve_with_incoming_shutdown(crate::net::tls::incoming(l, acceptor), async move {
                     let _ = stop_rx.wait_for(|s| *s).await;
                 }),
         );

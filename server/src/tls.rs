@@ -147,6 +147,10 @@ pub struct SideTls {
     identity: Option<Identity>,
     ca: Option<Certificate>,
     cert_auth: bool,
+    /// The PEM bytes behind `identity` and `ca`, for the client listener's own acceptor
+    /// ([`crate::net::tls`]), which tonic's types cannot hand over.
+    identity_pem: Option<(Vec<u8>, Vec<u8>)>,
+    ca_pem: Option<Vec<u8>>,
 }
 
 fn read(flag: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -183,21 +187,22 @@ impl SideTls {
     /// and are assumed here; a lone certificate or key is ignored.
     pub fn load(flags: SideFlags<'_>) -> Result<Self, TlsError> {
         let side = flags.side;
-        let identity = match (flags.cert_file, flags.key_file) {
+        let identity_pem = match (flags.cert_file, flags.key_file) {
             (Some(cert), Some(key)) => {
-                let cert_pem = read_certs(side.cert_flag(), cert)?;
-                let key_pem = read_key(side.key_flag(), key)?;
-                Some(Identity::from_pem(cert_pem, key_pem))
+                Some((read_certs(side.cert_flag(), cert)?, read_key(side.key_flag(), key)?))
             }
             _ => None,
         };
-        let ca = match flags.trusted_ca_file {
-            Some(ca) => Some(Certificate::from_pem(read_certs(side.ca_flag(), ca)?)),
+        let identity = identity_pem.as_ref().map(|(c, k)| Identity::from_pem(c, k));
+        let ca_pem = match flags.trusted_ca_file {
+            Some(ca) => Some(read_certs(side.ca_flag(), ca)?),
             None => None,
         };
-        let tls = SideTls { side, identity, ca, cert_auth: flags.cert_auth };
-        // Build the acceptor once now, so a key that does not match its certificate stops the
+        let ca = ca_pem.as_ref().map(Certificate::from_pem);
+        let tls = SideTls { side, identity, ca, cert_auth: flags.cert_auth, identity_pem, ca_pem };
+        // Build the acceptors once now, so a key that does not match its certificate stops the
         // start with the flags' names rather than failing at the first connection.
+        tls.client_acceptor()?;
         if let Some(server) = tls.server_config() {
             Server::builder().tls_config(server).map_err(|e| TlsError::Pair {
                 cert_flag: side.cert_flag(),
@@ -220,6 +225,21 @@ impl SideTls {
             }
         }
         Some(cfg)
+    }
+
+    /// The acceptor of the client listener's `https` URLs ([`crate::net::tls`]: ALPN `h2` and
+    /// `http/1.1`), with the same certificate rules as [`Self::server_config`]; `None` without
+    /// a certificate.
+    pub fn client_acceptor(&self) -> Result<Option<crate::net::tls::Acceptor>, TlsError> {
+        let Some((cert, key)) = &self.identity_pem else { return Ok(None) };
+        let required_ca = if self.cert_auth { self.ca_pem.as_deref() } else { None };
+        crate::net::tls::Acceptor::new(cert, key, required_ca, HANDSHAKE_TIMEOUT).map(Some).map_err(
+            |reason| TlsError::Pair {
+                cert_flag: self.side.cert_flag(),
+                key_flag: self.side.key_flag(),
+                reason,
+            },
+        )
     }
 
     /// A gRPC server builder for one listener of this side: TLS when `https`, plain text

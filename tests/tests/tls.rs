@@ -512,3 +512,107 @@ async fn https_listener_without_cert_file_is_refused_at_start() -> Result<()> {
     ensure!(stderr.contains("--cert-file"), "the error does not name --cert-file: {stderr}");
     Ok(())
 }
+
+/// One HTTP/1.1 request over TLS from a client that offers only `http/1.1` in ALPN, as
+/// Patroni's urllib3 and APISIX's HTTP client do; returns the negotiated protocol and the whole
+/// response (the request asks the server to close the connection after it).
+async fn http1_over_tls(
+    endpoint: &str,
+    ca: &Path,
+    client: Option<&Pair>,
+    path: &str,
+    body: &str,
+) -> Result<(Option<Vec<u8>>, String)> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca)? {
+        roots.add(cert?)?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let mut config = match client {
+        Some(p) => builder.with_client_auth_cert(
+            CertificateDer::pem_file_iter(&p.cert)?.collect::<Result<Vec<_>, _>>()?,
+            PrivateKeyDer::from_pem_file(&p.key)?,
+        )?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let addr = endpoint.trim_start_matches("https://");
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let name = ServerName::try_from("127.0.0.1")?;
+    let bound = Duration::from_secs(10);
+    let mut tls = tokio::time::timeout(bound, connector.connect(name, tcp))
+        .await
+        .context("TLS handshake timed out")?
+        .context("TLS handshake")?;
+    let alpn = tls.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tls.write_all(request.as_bytes()).await?;
+    let mut response = Vec::new();
+    tokio::time::timeout(bound, tls.read_to_end(&mut response))
+        .await
+        .context("no complete response")??;
+    Ok((alpn, String::from_utf8_lossy(&response).into_owned()))
+}
+
+/// Issue 21: the JSON gateway over HTTPS for clients that speak only HTTP/1.1. tonic's TLS
+/// acceptor offered only `h2` in ALPN, so such a client's handshake failed ("no application
+/// protocol") and Patroni or APISIX could not use a TLS-protected Picket at all. The listener
+/// now offers both; gRPC clients (etcdctl, etcd-client) keep negotiating h2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_only_clients_reach_the_gateway_over_tls() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let ca = Ca::new(dir.path(), "picket-test-ca")?;
+    let server = ca.issue("server")?;
+    let client = ca.issue("client")?;
+    for cert_auth in [false, true] {
+        info!(cert_auth, "one member serving clients over TLS");
+        let opts_ = ClusterOptions {
+            extra_args: client_flags(&ca, &server, cert_auth),
+            ..Default::default()
+        }
+        .tls(true, false, Some(harness_tls(&ca.cert, &client)?));
+        let cluster = Cluster::start(1, opts_).await?;
+        let ep = cluster.endpoint(0);
+        let presented = cert_auth.then_some(&client);
+
+        let put = r#"{"key":"aDE=","value":"b3Zlcg=="}"#;
+        let (alpn, resp) = http1_over_tls(&ep, &ca.cert, presented, "/v3/kv/put", put).await?;
+        assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]), "negotiated protocol");
+        ensure!(resp.starts_with("HTTP/1.1 200"), "put: {resp}");
+        ensure!(resp.contains("\"revision\""), "put: {resp}");
+        let get = r#"{"key":"aDE="}"#;
+        let (_, resp) = http1_over_tls(&ep, &ca.cert, presented, "/v3/kv/range", get).await?;
+        ensure!(resp.contains("\"value\":\"b3Zlcg==\""), "range: {resp}");
+
+        if cert_auth {
+            info!("without a client certificate the handshake is still refused");
+            let refused = http1_over_tls(&ep, &ca.cert, None, "/v3/kv/range", get).await;
+            ensure!(
+                refused.as_ref().map_or(true, |(_, r)| !r.starts_with("HTTP/1.1 200")),
+                "served without a client certificate: {refused:?}"
+            );
+        }
+
+        info!("gRPC over the same listener still works (h2)");
+        let ctl = Etcdctl::new(&cluster.endpoints());
+        let ca_path = path(&ca.cert);
+        let (cc, ck) = (path(&client.cert), path(&client.key));
+        let args = ["--cacert", &ca_path, "--cert", &cc, "--key", &ck, "get", "h1"];
+        let out = ctl.run(&args, None).await?.ok()?;
+        ensure!(out.stdout.contains("over"), "{out:?}");
+        cluster.finish();
+    }
+    Ok(())
+}

@@ -24,10 +24,6 @@ use std::sync::OnceLock;
 use std::task::{ready, Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio_stream::wrappers::TcpListenerStream;
-use tokio_stream::{Stream, StreamExt};
-use tonic::transport::server::{Connected, TcpConnectInfo};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const FRAME_HEADER: usize = 9;
@@ -52,20 +48,6 @@ const MAX_IN_FRAME: usize = 16_384;
 const MAX_BLOCK: usize = 1 << 20;
 /// HPACK static table index of `:authority`.
 const STATIC_AUTHORITY: u64 = 1;
-
-/// Client connections of `listener`, each read through an [`AuthorityFix`].
-pub fn incoming(
-    listener: TcpListener,
-) -> impl Stream<Item = io::Result<AuthorityFix<TcpStream>>> + Send + 'static {
-    // TCP_NODELAY: replies are small and latency-bound; with Nagle's algorithm on, a reply
-    // that follows another unacknowledged one waits for the client's delayed ACK (~40 ms).
-    TcpListenerStream::new(listener).map(|conn| {
-        conn.and_then(|s| {
-            s.set_nodelay(true)?;
-            Ok(AuthorityFix::new(s))
-        })
-    })
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -100,6 +82,11 @@ pub struct AuthorityFix<S> {
 }
 
 impl<S> AuthorityFix<S> {
+    /// The connection underneath.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
     pub fn new(inner: S) -> Self {
         Self {
             inner,
@@ -341,14 +328,6 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFix<S> {
 
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
-    }
-}
-
-impl Connected for AuthorityFix<TcpStream> {
-    type ConnectInfo = TcpConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.inner.connect_info()
     }
 }
 
