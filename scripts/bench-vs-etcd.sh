@@ -3,7 +3,8 @@
 # default durability: fsync on commit) on this machine, runs each workload against each in
 # alternation, and prints one line per run. Usage: scripts/bench-vs-etcd.sh [seconds] [rounds]
 # Set BENCH_ONLY to a space-separated list of workload names (e.g. "put-1 put-64 get lease-hold
-# watch"; put-1 and put-64 are the 1- and 64-client puts, "put" selects both) to run only those.
+# watch"; put-1 and put-64 are the 1- and 64-client puts, "put" selects both; json-put-1,
+# json-put-64 and json-get are the same over the HTTP/JSON gateway) to run only those.
 # Every round runs each workload against Picket, then etcd. At the end a summary table gives,
 # per workload, the median over the rounds of ops/s, p50 and p99 for each, the Picket/etcd ratio
 # of the medians, the servers' CPU per operation (sum of the three members' user + system time
@@ -135,6 +136,11 @@ for r in $(seq "$rounds"); do
   run lock-contended lock-contended 8 8
   run lock-uncontended lock-uncontended 32 8
   run lease-cycle lease-cycle 16 4
+  # The HTTP/JSON gateway (HTTP/1.1, one connection per client): compare with put-1, put-64 and
+  # get, the same operations over gRPC, for what the gateway costs each server.
+  run json-put-1 json-put 1 1
+  run json-put-64 json-put 64 8
+  run json-get json-get 64 8
   # lease-hold: the bench samples the servers' CPU (from /proc) over its measured window only,
   # not over granting and revoking the 2,000 leases.
   want lease-hold && for kind in picket etcd; do

@@ -4,6 +4,7 @@
 //! workload in [`watch`].
 
 mod cpu;
+mod json;
 mod lease;
 mod watch;
 
@@ -13,6 +14,11 @@ use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use etcd_client::{Client, GetOptions, LockOptions};
 use rand::Rng;
+
+/// A gateway request's failure, as the error type the other workloads report.
+fn gateway(e: anyhow::Error) -> etcd_client::Error {
+    etcd_client::Error::InvalidArgs(format!("{e:#}"))
+}
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Workload {
@@ -33,6 +39,10 @@ enum Workload {
     /// `--conns` streams for the whole run; reports keep-alives answered, their latency and
     /// (with `--cpu-pids`) the servers' CPU seconds over the window.
     LeaseHold,
+    /// Put 256-byte values through the HTTP/JSON gateway (HTTP/1.1, one connection per client).
+    JsonPut,
+    /// Linearizable get through the HTTP/JSON gateway (HTTP/1.1, one connection per client).
+    JsonGet,
     /// Put-to-event latency with `--watchers` watchers on one prefix and one writer putting
     /// `--put-rate` keys per second.
     Watch,
@@ -104,7 +114,7 @@ async fn main() -> Result<()> {
         );
     }
     let value = vec![b'x'; args.value_size];
-    if matches!(args.workload, Workload::Get | Workload::GetSerializable) {
+    if matches!(args.workload, Workload::Get | Workload::GetSerializable | Workload::JsonGet) {
         // Preload so gets find values.
         let mut c = conns[0].clone();
         for k in 0..args.keys {
@@ -146,6 +156,7 @@ async fn main() -> Result<()> {
     let mut tasks = Vec::new();
     for i in 0..args.clients {
         let mut c = conns[i % conns.len()].clone();
+        let json = json::JsonClient::new(&endpoints[i % endpoints.len()]);
         let value = value.clone();
         let workload = args.workload;
         let keys = args.keys;
@@ -171,6 +182,8 @@ async fn main() -> Result<()> {
                         Workload::GetSerializable => {
                             c.get(k, Some(GetOptions::new().with_serializable())).await.map(|_| ())
                         }
+                        Workload::JsonPut => json.put(&k, &value).await.map_err(gateway),
+                        Workload::JsonGet => json.get(&k).await.map_err(gateway),
                         Workload::LeaseCycle => lease::cycle(&mut c).await,
                         Workload::LeaseHold | Workload::Watch => Ok(()),
                         Workload::LockContended | Workload::LockUncontended => {
