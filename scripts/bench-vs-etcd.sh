@@ -139,8 +139,8 @@ for r in $(seq "$rounds"); do
   # The HTTP/JSON gateway (HTTP/1.1, one connection per client): compare with put-1, put-64 and
   # get, the same operations over gRPC, for what the gateway costs each server.
   run json-put-1 json-put 1 1
-  run json-put-64 json-put 64 8
-  run json-get json-get 64 8
+  run json-put-64 json-put 64 8 rss
+  run json-get json-get 64 8 rss
   # lease-hold: the bench samples the servers' CPU (from /proc) over its measured window only,
   # not over granting and revoking the 2,000 leases.
   want lease-hold && for kind in picket etcd; do

@@ -97,7 +97,8 @@ fn alarms_apply_deterministically_and_gate_growing_commands() {
     assert!(check_propose(&engine, &growing[0]).is_err());
     assert!(check_propose(&engine, &harmless[0]).is_ok());
     // Client writes are proposed wrapped with the auth revision they were checked at.
-    let wrapped = |c: &Cmd| crate::auth::replicated::checked(3, c.clone());
+    let judged = crate::auth::replicated::Judgement { revision: 3, auth_on: false };
+    let wrapped = |c: &Cmd| crate::auth::replicated::checked(judged, c.clone());
     assert!(check_propose(&engine, &wrapped(&growing[0])).is_err());
     assert!(check_propose(&engine, &wrapped(&harmless[0])).is_ok());
 

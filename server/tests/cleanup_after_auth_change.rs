@@ -1,7 +1,8 @@
 //! A lock waiter that gives up removes its key even if auth changed while it waited (issue 19).
 //!
 //! Every write a Lock request makes carries the auth revision the request was checked at, and
-//! apply refuses it once auth has changed since ("revision of auth store is old"). The waiter's
+//! apply refuses it once auth has changed since ("revision of auth store is old", or "user name
+//! is empty" when it was judged with auth off and so carried no user). The waiter's
 //! clean-up delete is made after an unbounded wait, so it is judged again
 //! (`Backend::for_cleanup`) and carries the revision of that judgment; otherwise it would be
 //! refused and the abandoned key would delay every later waiter until its lease expired.
@@ -23,6 +24,7 @@ use picket_proto::picket::raft::v1::auth_command::Op;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::{AuthCommand, AuthEnable, RaftCommand};
+use picket_server::auth::replicated::Judgement;
 use picket_server::concurrency::{contender_key, mutex, Backend, StoreError};
 use picket_server::raft::types::{Command, Entry};
 use picket_server::storage::rocks::RocksEngine;
@@ -40,7 +42,7 @@ struct Member {
     sm: Arc<Mutex<(StateMachine, u64)>>,
     shared: Arc<picket_server::storage::state_machine::Shared>,
     /// The auth revision this backend's writes carry (what the request was judged at).
-    checked: u64,
+    checked: Judgement,
     _dir: Arc<tempfile::TempDir>,
 }
 
@@ -50,7 +52,12 @@ impl Member {
         let engine = RocksEngine::open(dir.path().join("db")).expect("open rocksdb");
         let sm = StateMachine::open(engine, dir.path().join("snapshots")).expect("open sm");
         let shared = sm.shared().clone();
-        Self { sm: Arc::new(Mutex::new((sm, 0))), shared, checked: 0, _dir: Arc::new(dir) }
+        Self {
+            sm: Arc::new(Mutex::new((sm, 0))),
+            shared,
+            checked: Judgement { revision: 0, auth_on: false },
+            _dir: Arc::new(dir),
+        }
     }
 
     async fn apply(&self, cmd: Cmd) -> CmdResult {
@@ -73,7 +80,7 @@ impl Member {
     fn judged_now(&self) -> Self {
         let state = self.shared.auth();
         assert!(!state.enabled);
-        Self { checked: state.revision, ..self.clone() }
+        Self { checked: judged(&state), ..self.clone() }
     }
 
     fn exists(&self, key: &[u8]) -> bool {
@@ -103,7 +110,7 @@ impl Backend for Member {
     async fn for_cleanup(&self, _key: &[u8]) -> Result<Self, StoreError> {
         // What `CtxBackend` does: judge again; the caller may write its key (root here stands
         // for "still permitted"), so the delete carries the current revision.
-        Ok(Self { checked: self.shared.auth().revision, ..self.clone() })
+        Ok(Self { checked: judged(&self.shared.auth()), ..self.clone() })
     }
 }
 
@@ -143,7 +150,8 @@ async fn a_waiter_that_gives_up_after_auth_enable_still_removes_its_key() {
     m.auth(Op::Enable(AuthEnable { signing_key: vec![7; 32] })).await;
     let stale = mutex::unlock(&m.judged_at_old(), &key).await;
     assert!(
-        stale.as_ref().is_err_and(|e| e.to_string().contains("revision of auth store is old")),
+        // Judged with auth off, so it carried no user: etcd's answer for that once auth is on.
+        stale.as_ref().is_err_and(|e| e.to_string().contains("user name is empty")),
         "a delete carrying the old revision is refused: {stale:?}"
     );
     assert!(m.exists(&key));
@@ -163,6 +171,14 @@ async fn a_waiter_that_gives_up_after_auth_enable_still_removes_its_key() {
 impl Member {
     /// A backend still carrying the revision of the judgment made before AuthEnable.
     fn judged_at_old(&self) -> Self {
-        Self { checked: self.shared.auth().revision - 1, ..self.clone() }
+        Self {
+            checked: Judgement { revision: self.shared.auth().revision - 1, auth_on: false },
+            ..self.clone()
+        }
     }
+}
+
+/// The judgment a request gets against `state` (what `Ctx::authorize` returns).
+fn judged(state: &picket_proto::picket::storage::v1::AuthState) -> Judgement {
+    Judgement { revision: state.revision, auth_on: state.enabled }
 }

@@ -326,9 +326,8 @@ async fn auth_routes(http: &Http, eps: &[String]) -> Result<()> {
     ok(0, "/v3/auth/user/grant", json!({"user": "alice", "role": "gw"})).await?;
     ok(1, "/v3/auth/enable", json!({})).await?;
     // An anonymous linearizable read is refused on every member. It also waits (its read
-    // barrier) until each member has applied the enable: a write judged on a member that has
-    // not is refused at apply with "revision of auth store is old" instead (nothing applies
-    // either way; etcd, which rechecks at apply, says "user name is empty").
+    // barrier) until each member has applied the enable; a write judged on a member that has
+    // not is refused at apply, with the same "user name is empty" as etcd's recheck at apply.
     for ep in eps {
         let r = http.post(ep, "/v3/kv/range", &json!({"key": b64("gw/auth/a")})).await?;
         assert_error(&r, 400, 3, "etcdserver: user name is empty");

@@ -34,6 +34,7 @@ use tonic::{Request, Response, Status};
 use super::status::auth_status;
 use super::{unexpected, Ctx};
 use crate::auth::perm::{self, Need};
+use crate::auth::replicated::Judgement;
 use crate::auth::{password, store, token, AuthError};
 
 /// Token lifetime and hashing cost (`--auth-token-ttl`, `--bcrypt-cost`).
@@ -129,7 +130,7 @@ impl Ctx {
         &self,
         meta: &MetadataMap,
         needs: &[Need],
-    ) -> Result<Option<u64>, Status> {
+    ) -> Result<Option<Judgement>, Status> {
         if self.auth_enabled() {
             self.read_barrier().await?;
         }
@@ -141,7 +142,7 @@ impl Ctx {
         &self,
         meta: &MetadataMap,
         needs: &[Need],
-    ) -> Result<Option<u64>, Status> {
+    ) -> Result<Option<Judgement>, Status> {
         match self.judge(meta).await? {
             Judged::Off(state) => Ok(checked_revision(&state)),
             Judged::User(info) => {
@@ -153,7 +154,7 @@ impl Ctx {
 
     /// Checks that the caller holds the root role (admin operations).
     /// Like [`Self::authorize`], the judgment follows a read barrier while auth is on.
-    pub async fn authorize_admin(&self, meta: &MetadataMap) -> Result<Option<u64>, Status> {
+    pub async fn authorize_admin(&self, meta: &MetadataMap) -> Result<Option<Judgement>, Status> {
         if self.auth_enabled() {
             self.read_barrier().await?;
         }
@@ -197,7 +198,7 @@ impl Ctx {
         needs: &[Need],
         lease: i64,
         what: fn(crate::auth::KeyRange) -> Need,
-    ) -> Result<Option<u64>, Status> {
+    ) -> Result<Option<Judgement>, Status> {
         if lease == 0 || !self.auth_enabled() {
             return self.authorize(meta, needs).await;
         }
@@ -210,7 +211,7 @@ impl Ctx {
 
     /// Wraps `cmd` as checked at `checked`, the revision [`Ctx::authorize`] returned, with auth
     /// on or off (see the module docs). `None` (nothing was checked) leaves it unwrapped.
-    pub fn guard(&self, checked: Option<u64>, cmd: Cmd) -> Cmd {
+    pub fn guard(&self, checked: Option<Judgement>, cmd: Cmd) -> Cmd {
         guard_cmd(checked, cmd)
     }
 }
@@ -225,14 +226,14 @@ enum Judged {
 /// revision also when auth is off there. Every auth change bumps the revision (AuthEnable too), so
 /// apply refuses the command if auth is on and the store has changed since it was judged,
 /// including "it was off then".
-fn checked_revision(state: &AuthState) -> Option<u64> {
-    Some(state.revision)
+fn checked_revision(state: &AuthState) -> Option<Judgement> {
+    Some(Judgement { revision: state.revision, auth_on: state.enabled })
 }
 
 /// [`Ctx::guard`], without the context.
-pub(crate) fn guard_cmd(checked: Option<u64>, cmd: Cmd) -> Cmd {
+pub(crate) fn guard_cmd(checked: Option<Judgement>, cmd: Cmd) -> Cmd {
     match checked {
-        Some(rev) => crate::auth::replicated::checked(rev, cmd),
+        Some(judged) => crate::auth::replicated::checked(judged, cmd),
         None => cmd,
     }
 }
@@ -252,7 +253,7 @@ pub fn contender_needs(name: &[u8], write: bool) -> Vec<Need> {
 /// every write (issue 19), so a user add judged with auth off on a member that had not applied
 /// AuthEnable is refused after it. Concurrent mutations by root judged at the same revision
 /// get etcd's "revision of auth store is old" for all but the first, which clients retry.
-pub(crate) fn mutation_command(checked: Option<u64>, op: Op) -> Cmd {
+pub(crate) fn mutation_command(checked: Option<Judgement>, op: Op) -> Cmd {
     guard_cmd(checked, Cmd::Auth(AuthCommand { op: Some(op) }))
 }
 
@@ -294,7 +295,7 @@ impl AuthService {
         let op = Op::Enable(AuthEnable { signing_key: signing_key.to_vec() });
         // A concurrent install (or any auth change) makes this one stale; either way the store
         // read next says whether a key is in place.
-        if let Err(e) = self.ctx.propose(mutation_command(Some(judged.revision), op)).await {
+        if let Err(e) = self.ctx.propose(mutation_command(checked_revision(judged), op)).await {
             tracing::debug!(error = %e, "installing the token signing key");
         }
         let state = self.fresh_state().await?;

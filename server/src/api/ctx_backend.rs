@@ -21,6 +21,7 @@ use tonic::metadata::MetadataMap;
 use tonic::Status;
 
 use super::{unexpected, Ctx};
+use crate::auth::replicated::Judgement;
 use crate::concurrency::{Backend, StoreError};
 use crate::storage::state_machine::FeedItem;
 
@@ -36,7 +37,7 @@ pub struct CtxBackend {
     ctx: Arc<Ctx>,
     /// What `Ctx::authorize` returned for the request: every write proposed through this
     /// backend carries it (`Ctx::guard`).
-    checked: Option<u64>,
+    checked: Option<Judgement>,
     /// The request's metadata (its token), to judge a clean-up write again.
     meta: Arc<MetadataMap>,
 }
@@ -74,7 +75,7 @@ impl CtxBackend {
     /// The backend for one request, whose metadata `meta` `Ctx::authorize` judged, returning
     /// `checked`. `None` (nothing judged) proposes writes unwrapped: only for requests that only
     /// read (Leader, Observe, WatchHold, Inspect).
-    pub fn new(ctx: Arc<Ctx>, meta: &MetadataMap, checked: Option<u64>) -> Self {
+    pub fn new(ctx: Arc<Ctx>, meta: &MetadataMap, checked: Option<Judgement>) -> Self {
         Self { ctx, checked, meta: Arc::new(meta.clone()) }
     }
 

@@ -12,6 +12,7 @@ use picket_proto::picket::raft::v1::raft_command::Cmd;
 use tonic::{Request, Response, Status};
 
 use super::{unexpected, Ctx};
+use crate::auth::replicated::Judgement;
 use crate::mvcc::validate;
 
 pub struct KvService {
@@ -44,14 +45,18 @@ pub(crate) fn local_range(ctx: &Ctx, req: RangeRequest) -> Result<RangeResponse,
 
 /// The command a txn judged at auth revision `checked` is proposed as: wrapped, so apply
 /// refuses it if auth changed since (see `Ctx::guard`), also when auth was off.
-pub(crate) fn txn_command(checked: Option<u64>, req: TxnRequest) -> Cmd {
+pub(crate) fn txn_command(checked: Option<Judgement>, req: TxnRequest) -> Cmd {
     super::auth::guard_cmd(checked, Cmd::Txn(req))
 }
 
 /// Validates and replicates a txn judged at auth revision `checked` (what `Ctx::authorize`
 /// returned for the request it serves), returning the stamped response. Locks, elections,
 /// queues and subscriptions send their txns through here.
-pub async fn txn(ctx: &Ctx, checked: Option<u64>, req: TxnRequest) -> Result<TxnResponse, Status> {
+pub async fn txn(
+    ctx: &Ctx,
+    checked: Option<Judgement>,
+    req: TxnRequest,
+) -> Result<TxnResponse, Status> {
     ctx.check_size(&req)?;
     validate::txn(&req, ctx.max_txn_ops)?;
     match ctx.propose(txn_command(checked, req)).await? {

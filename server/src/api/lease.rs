@@ -30,6 +30,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::status::lease_status;
 use super::{unexpected, Ctx};
+use crate::auth::replicated::Judgement;
 use crate::lease::{LeaseClock, LeaseError, MAX_TTL_SECONDS};
 use crate::raft::proposer::ProposeError;
 
@@ -85,7 +86,7 @@ impl LeaseLeader {
 /// The command a lease grant judged at auth revision `checked` is proposed as: wrapped, like
 /// every write (`Ctx::guard`), so a grant judged with auth off on a member that had not applied
 /// AuthEnable is refused after it.
-pub(crate) fn grant_command(checked: Option<u64>, req: LeaseGrantRequest) -> Cmd {
+pub(crate) fn grant_command(checked: Option<Judgement>, req: LeaseGrantRequest) -> Cmd {
     super::auth::guard_cmd(checked, Cmd::LeaseGrant(req))
 }
 

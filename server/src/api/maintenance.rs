@@ -27,6 +27,7 @@ use tonic::{Request, Response, Status};
 
 use super::status::storage_failure;
 use super::Ctx;
+use crate::auth::replicated::Judgement;
 use crate::mvcc::hash::{hash_kv, hash_store};
 use crate::raft::membership::ClusterControl;
 use crate::storage::engine::{Cf, Engine};
@@ -56,7 +57,7 @@ const NO_LEADER: &str = "etcdserver: no leader";
 /// wrapped like every client write (issue 19), so one judged with auth off on a member that had
 /// not applied AuthEnable is refused after it. The quota monitor's own alarms carry no client
 /// and stay unwrapped (`crate::api::quota_monitor`).
-pub(crate) fn alarm_command(checked: Option<u64>, req: AlarmRequest) -> Cmd {
+pub(crate) fn alarm_command(checked: Option<Judgement>, req: AlarmRequest) -> Cmd {
     super::auth::guard_cmd(checked, Cmd::Alarm(req))
 }
 

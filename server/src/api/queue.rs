@@ -56,7 +56,7 @@ impl QueueService {
     /// here, before the operation's transactions, like the lock service's checks. Judged also
     /// when auth looks off here: the returned backend's txns carry the auth revision judged at,
     /// so apply refuses them if auth changed since (issue 19; a Claim that waited through an
-    /// AuthEnable gets "revision of auth store is old" and retries, and its claim txn, the last
+    /// AuthEnable gets "user name is empty", as it carried no user, and its claim txn, the last
     /// step, did not run).
     async fn backend(
         &self,

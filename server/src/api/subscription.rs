@@ -27,6 +27,7 @@ use prost::Message;
 use tonic::{Request, Response, Status};
 
 use super::{unexpected, Ctx};
+use crate::auth::replicated::Judgement;
 use crate::auth::{KeyRange, Need};
 use crate::subscription::{self as sub, GROUP_PREFIX, GROUP_PREFIX_END};
 
@@ -83,7 +84,7 @@ fn check_name(name: &str) -> Result<(), Status> {
 
 /// The command a group delete judged at auth revision `checked` is proposed as (wrapped, see
 /// `Ctx::guard`).
-pub(crate) fn delete_command(checked: Option<u64>, req: DeleteRangeRequest) -> Cmd {
+pub(crate) fn delete_command(checked: Option<Judgement>, req: DeleteRangeRequest) -> Cmd {
     super::auth::guard_cmd(checked, Cmd::DeleteRange(req))
 }
 

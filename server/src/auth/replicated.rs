@@ -85,6 +85,9 @@ pub enum Checked {
     /// The auth store changed since: "revision of auth store is old" (the client retries, and
     /// is checked again).
     Stale,
+    /// Judged while auth was off, applied after it was enabled: the request carried no user,
+    /// "user name is empty", as etcd answers it.
+    NoUser,
     /// A wrapper the API layer never builds (nested, empty or undecodable), by what is wrong.
     Malformed(&'static str),
 }
@@ -98,7 +101,7 @@ pub fn check_revision<E: Engine>(
 ) -> Result<Checked, MvccError> {
     let (enabled, revision) = decode_revision(batch.get_raw(Cf::Meta, KEY_REVISION)?)?;
     if enabled && revision != checked.auth_revision {
-        return Ok(Checked::Stale);
+        return Ok(if checked.judged_with_auth_off { Checked::NoUser } else { Checked::Stale });
     }
     Ok(match RaftCommand::decode(checked.command.as_slice()) {
         // Nesting is never built by the API layer; refusing it bounds apply's recursion.
@@ -111,11 +114,19 @@ pub fn check_revision<E: Engine>(
     })
 }
 
-/// Wraps `cmd` as checked at `auth_revision`.
-pub fn checked(auth_revision: u64, cmd: Cmd) -> Cmd {
+/// The auth store a request was judged against: its revision, and whether auth was on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Judgement {
+    pub revision: u64,
+    pub auth_on: bool,
+}
+
+/// Wraps `cmd` as judged against `judged`.
+pub fn checked(judged: Judgement, cmd: Cmd) -> Cmd {
     Cmd::AuthChecked(AuthChecked {
-        auth_revision,
+        auth_revision: judged.revision,
         command: RaftCommand { cmd: Some(cmd) }.encode_to_vec(),
+        judged_with_auth_off: !judged.auth_on,
     })
 }
 
