@@ -27,7 +27,7 @@
 //! key changed twice in one revision, and a live key attached to a lease the file does not hold.
 //! Nothing is written before the whole snapshot has been checked.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use picket_etcdsnap::EtcdSnapshot;
 use picket_proto::mvccpb::event::EventType;
@@ -41,7 +41,8 @@ use crate::mvcc::keys;
 use crate::storage::engine::Cf;
 use crate::storage::rocks::RocksEngine;
 
-/// Records per RocksDB write batch, so a large snapshot is not held in memory twice.
+/// Records per RocksDB write batch, so the store being built is not held in memory as well as
+/// the snapshot.
 const BATCH_RECORDS: usize = 10_000;
 
 /// Why an etcd snapshot cannot be imported as it is.
@@ -80,7 +81,17 @@ pub fn import(engine: &RocksEngine, snap: &EtcdSnapshot) -> Result<(), ImportErr
     };
 
     let compacted = snap.compact_revision.unwrap_or(0);
-    let mut events: BTreeMap<i64, Vec<Event>> = BTreeMap::new();
+    let changelog = |batch: &mut WriteBatch, rev: i64, events: Vec<Event>| {
+        let record = RevisionEvents { events };
+        batch.put_cf(
+            engine.cf_handle(Cf::Changelog),
+            keys::changelog_key(rev),
+            record.encode_to_vec(),
+        );
+    };
+    // Records come in revision order, so one revision's events are consecutive: each
+    // changelog record is written as soon as its revision ends, and nothing is held for later.
+    let mut revision_events: Option<(i64, Vec<Event>)> = None;
     let mut pending = 0usize;
     for r in &snap.records {
         let key = keys::kv_key(&r.kv.key, r.main);
@@ -100,7 +111,15 @@ pub fn import(engine: &RocksEngine, snap: &EtcdSnapshot) -> Result<(), ImportErr
             } else {
                 Event { r#type: EventType::Put as i32, kv: Some(r.kv.clone()), prev_kv: None }
             };
-            events.entry(r.main).or_default().push(event);
+            match &mut revision_events {
+                Some((rev, events)) if *rev == r.main => events.push(event),
+                other => {
+                    if let Some((rev, events)) = other.take() {
+                        changelog(&mut batch, rev, events);
+                    }
+                    *other = Some((r.main, vec![event]));
+                }
+            }
         }
         pending += 1;
         if pending >= BATCH_RECORDS {
@@ -108,18 +127,8 @@ pub fn import(engine: &RocksEngine, snap: &EtcdSnapshot) -> Result<(), ImportErr
             pending = 0;
         }
     }
-    for (rev, events) in events {
-        let record = RevisionEvents { events };
-        batch.put_cf(
-            engine.cf_handle(Cf::Changelog),
-            keys::changelog_key(rev),
-            record.encode_to_vec(),
-        );
-        pending += 1;
-        if pending >= BATCH_RECORDS {
-            flush(&mut batch, false)?;
-            pending = 0;
-        }
+    if let Some((rev, events)) = revision_events {
+        changelog(&mut batch, rev, events);
     }
 
     for kv in snap.kvs_at(snap.revision).into_iter().filter(|kv| kv.lease != 0) {
