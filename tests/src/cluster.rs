@@ -209,6 +209,17 @@ pub async fn connect(endpoint: &str, request_timeout: Duration) -> Result<Client
     connect_tls(endpoint, request_timeout, None).await
 }
 
+/// A client of exactly `endpoint` that authenticates as `user` (auth on), with bounded connect
+/// and request times; a wrong password fails the connect.
+pub async fn connect_as(endpoint: &str, user: &str, password: &str) -> Result<Client> {
+    let o = ConnectOptions::new()
+        .with_user(user, password)
+        // Longer than CONNECT_TIMEOUT: the connect also authenticates (a bcrypt check).
+        .with_connect_timeout(Duration::from_secs(3))
+        .with_timeout(Duration::from_secs(10));
+    Client::connect([endpoint], Some(o)).await.with_context(|| format!("connecting as {user}"))
+}
+
 /// [`connect`], over TLS with `tls` when given (for `https://` endpoints).
 pub async fn connect_tls(
     endpoint: &str,

@@ -8,13 +8,11 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LockOptions, Permission, Txn, TxnOp,
-};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, LockOptions, Permission, Txn, TxnOp};
 use picket_proto::etcdserverpb::auth_client::AuthClient;
 use picket_proto::etcdserverpb::kv_client::KvClient;
 use picket_proto::etcdserverpb::{AuthenticateRequest, RangeRequest};
-use picket_tests::cluster::READY_TIMEOUT;
+use picket_tests::cluster::{connect_as, READY_TIMEOUT};
 use picket_tests::etcdctl::{self, Etcdctl};
 use picket_tests::util::eventually;
 use picket_tests::{assert_status, Cluster, ClusterOptions};
@@ -32,14 +30,6 @@ fn opts(extra: &[&str]) -> ClusterOptions {
         extra_args: ["--bcrypt-cost", "4"].iter().chain(extra).map(|s| s.to_string()).collect(),
         ..Default::default()
     }
-}
-
-async fn connect_as(endpoint: &str, user: &str, password: &str) -> Result<Client> {
-    let o = ConnectOptions::new()
-        .with_user(user, password)
-        .with_connect_timeout(Duration::from_secs(3))
-        .with_timeout(Duration::from_secs(10));
-    Client::connect([endpoint], Some(o)).await.with_context(|| format!("connecting as {user}"))
 }
 
 /// root (with the root role) and alice (READWRITE on the prefix `/app/`), then auth enabled.

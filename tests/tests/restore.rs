@@ -18,6 +18,7 @@ use etcd_client::{
     Client, Compare, CompareOp, GetOptions, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp,
 };
 use picket_server::restore::{restore_snapshot, RestoreOptions, RestoreReport};
+use picket_tests::cluster::connect_as;
 use picket_tests::etcdctl::Etcdctl;
 use picket_tests::util::rev;
 use picket_tests::{assert_status, eventually, kvs, Cluster, ClusterOptions, Kv};
@@ -310,14 +311,6 @@ async fn picket_status(file: &std::path::Path) -> Result<serde_json::Value> {
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(serde_json::from_slice(&out.stdout)?)
-}
-
-async fn connect_as(endpoint: &str, user: &str, password: &str) -> Result<Client> {
-    let o = etcd_client::ConnectOptions::new()
-        .with_user(user, password)
-        .with_connect_timeout(Duration::from_secs(3))
-        .with_timeout(Duration::from_secs(10));
-    Client::connect([endpoint], Some(o)).await.with_context(|| format!("connecting as {user}"))
 }
 
 /// Issue 21: a team moving from etcd restores its etcd backup into Picket. The source is a real

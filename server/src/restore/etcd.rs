@@ -68,7 +68,8 @@ fn show(key: &[u8]) -> String {
 
 /// Checks `snap` whole, then writes it into the empty store `engine` (synced at the end).
 pub fn import(engine: &RocksEngine, snap: &EtcdSnapshot) -> Result<(), ImportError> {
-    check(snap)?;
+    let live = snap.kvs_at(snap.revision);
+    check(snap, &live)?;
     let db = engine.db();
     let mut batch = WriteBatch::default();
     let flush = |batch: &mut WriteBatch, sync: bool| -> Result<(), rocksdb::Error> {
@@ -131,7 +132,7 @@ pub fn import(engine: &RocksEngine, snap: &EtcdSnapshot) -> Result<(), ImportErr
         changelog(&mut batch, rev, events);
     }
 
-    for kv in snap.kvs_at(snap.revision).into_iter().filter(|kv| kv.lease != 0) {
+    for kv in live.into_iter().filter(|kv| kv.lease != 0) {
         batch.put_cf(engine.cf_handle(Cf::LeaseKeys), keys::lease_key(kv.lease, &kv.key), []);
     }
     for l in &snap.leases {
@@ -180,8 +181,9 @@ fn compaction_points(snap: &EtcdSnapshot) -> (Option<i64>, Option<i64>) {
     }
 }
 
-/// Everything [`import`] refuses, found before anything is written.
-fn check(snap: &EtcdSnapshot) -> Result<(), ImportError> {
+/// Everything [`import`] refuses, found before anything is written. `live` is the snapshot's
+/// key-values at its revision.
+fn check(snap: &EtcdSnapshot, live: &[&KeyValue]) -> Result<(), ImportError> {
     let mut in_revision: HashSet<&[u8]> = HashSet::new();
     let mut current = None;
     for r in &snap.records {
@@ -202,7 +204,7 @@ fn check(snap: &EtcdSnapshot) -> Result<(), ImportError> {
         }
     }
     let leases: HashSet<i64> = snap.leases.iter().map(|l| l.id).collect();
-    for kv in snap.kvs_at(snap.revision) {
+    for kv in live {
         if kv.lease != 0 && !leases.contains(&kv.lease) {
             return Err(ImportError::MissingLease { key: show(&kv.key), lease: kv.lease });
         }
@@ -227,6 +229,11 @@ mod tests {
             auth: Default::default(),
             has_sha256_trailer: true,
         }
+    }
+
+    /// [`check`] with the live keys computed as [`import`] computes them.
+    fn check(s: &EtcdSnapshot) -> Result<(), ImportError> {
+        super::check(s, &s.kvs_at(s.revision))
     }
 
     fn put(key: &str, main: i64, sub: i64, lease: i64) -> Record {
