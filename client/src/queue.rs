@@ -361,7 +361,12 @@ impl Queue {
                     let req = req.clone();
                     async move { Ok(QueueClient::new(ch).claim(request(req)).await?.into_inner()) }
                 })
-                .await?;
+                .await
+                .map_err(|e| match e {
+                    // The server's message does not carry the id; the caller's lease it is.
+                    Error::LeaseNotFound(_) => Error::LeaseNotFound(lease),
+                    e => e,
+                })?;
             if let Some(j) = resp.job {
                 return Ok(Some(ClaimedJob {
                     id: j.job_id,

@@ -16,6 +16,8 @@ use picket_proto::etcdserverpb::{
     LeaseGrantRequest, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
+use picket_proto::picket::raft::v1::raft_command::Cmd;
+use picket_proto::picket::raft::v1::{QueueCommand, QueueResult};
 use tokio::sync::broadcast;
 use tonic::metadata::MetadataMap;
 use tonic::Status;
@@ -68,6 +70,16 @@ impl Backend for CtxBackend {
         let checked =
             self.ctx.authorize(&self.meta, &[super::auth::write_key(key)]).await.map_err(store)?;
         Ok(Self { checked, ..self.clone() })
+    }
+}
+
+impl crate::queue::QueueBackend for CtxBackend {
+    async fn decide(&self, cmd: QueueCommand) -> Result<QueueResult, StoreError> {
+        match self.ctx.propose(self.ctx.guard(self.checked, Cmd::Queue(cmd))).await {
+            Ok(CmdResult::Queue(r)) => Ok(r),
+            Ok(_) => Err(store(unexpected("queue command"))),
+            Err(s) => Err(store(s)),
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! commands that grow the store while NOSPACE is active; an `AuthChecked` command is refused if
 //! the auth store changed since it was judged; a `FencedTxn` applies only while its token is
 //! the lock's current holder; then the command goes to [`crate::mvcc`], [`crate::lease`],
-//! [`crate::auth`], [`crate::quota`], [`crate::subscription`] or [`crate::concurrency`].
+//! [`crate::auth`], [`crate::quota`], [`crate::subscription`], [`crate::concurrency`] or
+//! [`crate::queue`].
 //! Leader-decided commands (`LeaseExpire`) are checked against the term of the entry that
 //! carries them.
 //!
@@ -154,6 +155,8 @@ pub fn command<E: Engine>(
         },
         Cmd::Alarm(req) => crate::quota::apply_alarm(batch, &req).map_err(Fatal::new),
         Cmd::Batch(b) => self::batch(batch, leases, b, entry_term),
+        // Queue claims and acks, decided here so no two claimers race for a job.
+        Cmd::Queue(q) => outcome(crate::queue::decide::apply(batch, leases, q), CmdResult::Queue),
         Cmd::FencedTxn(f) => {
             let Some(txn) = f.txn else {
                 return Ok(Refusal::Malformed("fenced txn without a txn").into_result());

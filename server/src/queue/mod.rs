@@ -3,12 +3,18 @@
 //!
 //! # Why ordinary keys and Txns
 //!
-//! Every queue is a set of ordinary keys under `picket/queue/<name>/` and every operation is one
-//! etcd Txn (built by [`txns`], run by [`ops`] through [`Backend`]). Queue state is therefore
-//! replicated, snapshotted, compacted and covered by `HashKV` with no new Raft command, and apply
-//! stays untouched and deterministic. The cost is that a claim reads before it writes (choose a
-//! job, then a Txn that compares the job is still unclaimed and unchanged), so contending claims
-//! retry; that suits the coordination-sized workloads this serves.
+//! Every queue is a set of ordinary keys under `picket/queue/<name>/` and every operation writes
+//! them with etcd Txns (built by [`txns`]). Queue state is therefore replicated, snapshotted,
+//! compacted and covered by `HashKV` like any key, and its watch events are ordinary ones.
+//!
+//! Claim and Ack are one Raft command each (`QueueCommand`, decided by [`decide`] in apply): the
+//! member serving a Claim proposes "claim the best ready job of this queue for this lease, at my
+//! clock reading", and apply picks the job and writes the claim Txn in the same step. So a claim
+//! is one write with no read before it, and concurrent claimers never race for one job: each
+//! gets the next one in claim order (a claimer that read then compared, as before, made all
+//! workers choose the head job, and the queue got slower with more workers). Ack is decided the
+//! same way, so it too is one write. The other operations ([`ops`]) read, then run a Txn whose
+//! compares make it safe, and retry on a lost race; they are not on a worker's hot path.
 //!
 //! # Layout (all under `picket/queue/<name>/`, see [`keys`])
 //!
@@ -26,9 +32,9 @@
 //!
 //! # Claims and fencing
 //!
-//! A claim is `claim/<id>`, created by a Txn that compares `create_revision(claim/<id>) == 0`
-//! and that the pending entry's `mod_revision` is the one the claimer read; the same Txn bumps
-//! the attempt count. The claim key's create revision is the **fencing token**. Ack, Nack and
+//! A claim is `claim/<id>`, created (in apply) by a Txn that compares `create_revision(claim/<id>)
+//! == 0` and that the pending entry is the one apply chose; the same Txn bumps the attempt
+//! count. The claim key's create revision is the **fencing token**. Ack, Nack and
 //! Extend compare `create_revision(claim/<id>) == token`, so a stale claim is refused with an
 //! error naming the current token or saying that the claim is gone. Since a job has one claim
 //! key, at most one claim of a job is live at any revision.
@@ -41,31 +47,47 @@
 //! **Extend.** A claim lives exactly as long as its lease unless the claimer asked for a
 //! visibility timeout; then it also ends at its deadline (a worker that is alive but stuck).
 //! Extend checks the claim is still live and pushes that deadline. A claim past its deadline
-//! stays valid until a claimer reaps it (a Txn deleting it, compared on its `mod_revision`), so
-//! an expired deadline never yields two live claims; it only allows a takeover.
+//! stays valid until a claim reaps it (apply deletes it, one revision, before claiming), so an
+//! expired deadline never yields two live claims; it only allows a takeover.
 //!
 //! # Clocks
 //!
 //! Delays, backoff and visibility deadlines need a clock, and apply may not read one. Times are
 //! decided by the member serving the request (unix wall clock, milliseconds) and stored in keys;
-//! the comparison "is it ready / expired" happens when a member chooses a job to claim. Skew
+//! a claim carries the serving member's reading in its command, and apply compares "is it ready
+//! / expired" with that reading, so every member decides the same. Skew
 //! between members only shifts when a delayed job becomes claimable or a deadline is honoured:
 //! it never breaks "at most one live claim per job" or fencing, which rest only on Txn compares
 //! evaluated in apply.
 //!
 //! # Waiting
 //!
-//! A Claim with nothing ready subscribes to this member's applied-revision feed (the watch hub's
-//! source) before reading, then sleeps until an event under the queue's `pending/` or a claim
-//! delete, the next delayed job's ready time, or the request's wait limit, whichever comes
-//! first. Nothing polls.
+//! A Claim subscribes to this member's applied-revision feed (the watch hub's source) before it
+//! proposes; when apply answers "nothing claimable at revision R", it sleeps until an event
+//! after R under the queue's `pending/` or a claim delete, the next delayed job's ready time, or
+//! the request's wait limit, whichever comes first, then proposes again. Nothing polls; an
+//! event wakes every waiting claimer of the queue, and all but one get "nothing" again (a
+//! write each), which is the cost of waiting claimers outnumbering jobs.
 
+pub mod decide;
 pub mod keys;
 pub mod ops;
 pub mod txns;
 pub mod validate;
 
 pub use crate::concurrency::{Backend, StoreError};
+
+use picket_proto::picket::raft::v1::{QueueCommand, QueueResult};
+
+/// The store as queue operations see it: a [`Backend`] that can also propose a
+/// [`QueueCommand`] and return what apply decided ([`decide`]).
+pub trait QueueBackend: Backend {
+    /// Proposes `cmd` and returns apply's decision.
+    fn decide(
+        &self,
+        cmd: QueueCommand,
+    ) -> impl std::future::Future<Output = Result<QueueResult, StoreError>> + Send;
+}
 
 use thiserror::Error;
 

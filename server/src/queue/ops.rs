@@ -1,6 +1,7 @@
-//! Queue operations: read, build a Txn ([`super::txns`]), run it, interpret the result. Each
-//! function takes the serving member's clock reading (`now_ms`, unix ms) as an argument, so
-//! nothing here reads a clock and the replicated path stays deterministic.
+//! Queue operations. Claim and Ack propose a `QueueCommand` that apply decides
+//! ([`super::decide`]); the others read, build a Txn ([`super::txns`]), run it and interpret the
+//! result. Each function takes the serving member's clock reading (`now_ms`, unix ms) as an
+//! argument, so nothing here reads a clock and the replicated path stays deterministic.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -9,6 +10,9 @@ use picket_proto::etcdserverpb::response_op::Response as OpResp;
 use picket_proto::etcdserverpb::{RangeRequest, TxnResponse};
 use picket_proto::mvccpb::event::EventType;
 use picket_proto::mvccpb::KeyValue;
+use picket_proto::picket::raft::v1::queue_command::Op as QueueOp;
+use picket_proto::picket::raft::v1::queue_result::Outcome;
+use picket_proto::picket::raft::v1::{QueueAckOp, QueueClaimOp, QueueCommand, QueueResult};
 use picket_proto::picket::v1::{
     ClaimedJob, QueueClaimRecord, QueueDeadRecord, QueueJobInfo, QueueJobRecord, QueueJobState,
     QueuePendingRecord,
@@ -16,19 +20,9 @@ use picket_proto::picket::v1::{
 use prost::Message;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{keys, txns, Backend, QueueError, StoreError};
+use super::{keys, txns, Backend, QueueBackend, QueueError, StoreError};
 use crate::storage::state_machine::FeedItem;
 use picket_proto::prefix_end;
-
-/// Index entries read per page while looking for a claimable job.
-const CLAIM_PAGE: i64 = 128;
-/// Pages read per claim attempt: bounds the work of one attempt when the head of the index is
-/// all in flight or delayed (then the claimer waits for a change instead of scanning further).
-const CLAIM_PAGES: usize = 64;
-/// Passes of one claim attempt (each after a lost race, a reaped claim or a dead-lettered job)
-/// before it gives up with [`QueueError::Contended`]; each lost race means another claimer made
-/// progress. A waiting [`claim`] then waits for the next change instead of failing.
-const CLAIM_RACES: usize = 64;
 
 fn decode<M: Message + Default>(kv: &KeyValue) -> Result<M, QueueError> {
     M::decode(kv.value.as_slice()).map_err(|e| QueueError::Corrupt {
@@ -101,22 +95,9 @@ pub async fn enqueue<B: Backend>(
     Err(QueueError::Contended(queue.to_string()))
 }
 
-/// One claim attempt's outcome.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Attempt {
-    /// A job was claimed.
-    Claimed(ClaimedJob),
-    /// Nothing claimable now. `wake_at_ms` is the earliest time something may become
-    /// claimable without a write (a delayed job's ready time or a claim's deadline); `seen` is
-    /// the revision the decision was made at.
-    Empty { wake_at_ms: Option<u64>, seen: i64 },
-}
-
 struct Claims {
     /// Job id -> the live claim's key-value.
     by_job: HashMap<String, KeyValue>,
-    /// The revision of the read.
-    revision: i64,
 }
 
 async fn read_claims<B: Backend>(b: &B, queue: &str) -> Result<Claims, QueueError> {
@@ -128,186 +109,24 @@ async fn read_claims<B: Backend>(b: &B, queue: &str) -> Result<Claims, QueueErro
             by_job.insert(id, kv);
         }
     }
-    let revision = resp.header.map(|h| h.revision).unwrap_or_default();
-    Ok(Claims { by_job, revision })
+    Ok(Claims { by_job })
 }
 
-/// Tries once to claim the best ready job of `queue` for `lease` (see the module docs of
-/// [`super`] for the order and the compares).
-pub async fn try_claim<B: Backend>(
-    b: &B,
-    queue: &str,
-    lease: i64,
-    visibility_ms: u64,
-    request_id: &str,
-    now_ms: u64,
-) -> Result<Attempt, QueueError> {
-    let mut races = 0;
-    'again: loop {
-        // Every pass after the first follows a write (ours or a competitor's) that changed what
-        // we read; bound them so a pathological state cannot spin this call forever.
-        races += 1;
-        if races > CLAIM_RACES {
-            return Err(QueueError::Contended(queue.to_string()));
-        }
-        let claims = read_claims(b, queue).await?;
-        let mut wake: Option<u64> = None;
-        let mut note = |t: u64| wake = Some(wake.map_or(t, |w: u64| w.min(t)));
-        // Claims past their visibility deadline are reaped first; the job is then claimable.
-        for (id, kv) in &claims.by_job {
-            let rec: QueueClaimRecord = decode(kv)?;
-            if !request_id.is_empty() && rec.request_id == request_id && kv.lease == lease {
-                // A retry of a Claim that was applied but whose answer was lost.
-                if let Some(job) = resume(b, queue, id, kv, &rec).await? {
-                    return Ok(Attempt::Claimed(job));
-                }
-            }
-            if rec.deadline_ms == 0 {
-                continue;
-            }
-            if rec.deadline_ms <= now_ms {
-                let resp = b.txn(txns::reap(queue, id, kv.mod_revision)).await?;
-                tracing::debug!(queue, job = %id, reaped = resp.succeeded, "claim past its deadline");
-                continue 'again;
-            }
-            note(rec.deadline_ms);
-        }
-        let prefix = keys::pending_prefix(queue);
-        let end = prefix_end(&prefix);
-        let mut start = prefix.clone();
-        // The first read's revision: any change after it is in the waiter's feed.
-        let seen = claims.revision;
-        for _ in 0..CLAIM_PAGES {
-            let page = b
-                .range(RangeRequest {
-                    key: start.clone(),
-                    range_end: end.clone(),
-                    limit: CLAIM_PAGE,
-                    ..Default::default()
-                })
-                .await?;
-            // A full page may have more after it; a short one read to the end of the index.
-            let mut next = (page.kvs.len() as i64 >= CLAIM_PAGE)
-                .then(|| page.kvs.last())
-                .flatten()
-                .map(|kv| {
-                    let mut k = kv.key.clone();
-                    k.push(0);
-                    k
-                });
-            for kv in &page.kvs {
-                let Some(pk) = keys::parse_pending_key(queue, &kv.key) else { continue };
-                if claims.by_job.contains_key(&pk.id) {
-                    continue;
-                }
-                if pk.ready_at_ms > now_ms {
-                    // The rest of this priority band is later still: skip to the next band.
-                    note(pk.ready_at_ms);
-                    next = Some(prefix_end(&keys::band_prefix(queue, pk.priority)));
-                    break;
-                }
-                let rec: QueuePendingRecord = decode(kv)?;
-                let max = rec.max_attempts.max(1);
-                if rec.attempts >= max {
-                    let why = format!(
-                        "its claimant's lease ended during attempt {} of {max}",
-                        rec.attempts
-                    );
-                    dead_letter_unclaimed(b, queue, &pk.id, kv, rec, why).await?;
-                    continue 'again;
-                }
-                let attempt = rec.attempts + 1;
-                let bumped = QueuePendingRecord { attempts: attempt, ..rec.clone() };
-                let deadline_ms = if visibility_ms > 0 { now_ms + visibility_ms } else { 0 };
-                let record = QueueClaimRecord {
-                    pending_key: String::from_utf8_lossy(&kv.key).into_owned(),
-                    attempt,
-                    claimed_at_ms: now_ms,
-                    deadline_ms,
-                    request_id: request_id.to_string(),
-                };
-                let txn =
-                    txns::claim(queue, &pk.id, &kv.key, kv.mod_revision, &bumped, lease, &record);
-                let resp = b.txn(txn).await?;
-                if !resp.succeeded {
-                    continue 'again;
-                }
-                let job: QueueJobRecord = match range_kv(&resp, 2) {
-                    Some(kv) => decode(&kv)?,
-                    None => {
-                        return Err(QueueError::Corrupt {
-                            key: String::from_utf8_lossy(&keys::job_key(queue, &pk.id))
-                                .into_owned(),
-                            why: "index entry without its job record".into(),
-                        })
-                    }
-                };
-                return Ok(Attempt::Claimed(ClaimedJob {
-                    job_id: pk.id,
-                    payload: job.payload,
-                    attempt,
-                    token: rev(&resp),
-                    priority: job.priority,
-                    max_attempts: max,
-                    deadline_ms,
-                }));
-            }
-            match next {
-                Some(n) => start = n,
-                None => break,
-            }
-        }
-        return Ok(Attempt::Empty { wake_at_ms: wake, seen });
+/// The queue command a member proposes, stamped with its clock reading.
+fn command(queue: &str, now_ms: u64, op: QueueOp) -> QueueCommand {
+    QueueCommand { queue: queue.to_string(), now_ms, op: Some(op) }
+}
+
+/// What apply decided, or the corrupt record it found.
+fn outcome(queue: &str, r: QueueResult) -> Result<Outcome, QueueError> {
+    match r.outcome {
+        Some(Outcome::Corrupt(c)) => Err(QueueError::Corrupt { key: c.key, why: c.why }),
+        Some(o) => Ok(o),
+        None => Err(QueueError::Corrupt {
+            key: queue.to_string(),
+            why: "apply answered a queue command with no outcome".into(),
+        }),
     }
-}
-
-/// The job of an existing claim, as a Claim would have returned it.
-async fn resume<B: Backend>(
-    b: &B,
-    queue: &str,
-    id: &str,
-    claim: &KeyValue,
-    rec: &QueueClaimRecord,
-) -> Result<Option<ClaimedJob>, QueueError> {
-    let Some(job_kv) = get(b, keys::job_key(queue, id)).await? else { return Ok(None) };
-    let job: QueueJobRecord = decode(&job_kv)?;
-    Ok(Some(ClaimedJob {
-        job_id: id.to_string(),
-        payload: job.payload,
-        attempt: rec.attempt,
-        token: claim.create_revision,
-        priority: job.priority,
-        max_attempts: job.max_attempts.max(1),
-        deadline_ms: rec.deadline_ms,
-    }))
-}
-
-async fn dead_letter_unclaimed<B: Backend>(
-    b: &B,
-    queue: &str,
-    id: &str,
-    pending: &KeyValue,
-    rec: QueuePendingRecord,
-    reason: String,
-) -> Result<(), QueueError> {
-    let Some(job_kv) = get(b, keys::job_key(queue, id)).await? else {
-        // Index entries and job records are written and deleted together: a bug or foreign
-        // writes. Say so rather than retry forever.
-        return Err(QueueError::Corrupt {
-            key: String::from_utf8_lossy(&pending.key).into_owned(),
-            why: "index entry without its job record".into(),
-        });
-    };
-    let dead = QueueDeadRecord {
-        job: Some(decode(&job_kv)?),
-        attempts: rec.attempts,
-        last_error: rec.last_error,
-        reason,
-    };
-    let guard = txns::unclaimed(queue, id, &pending.key, pending.mod_revision);
-    let resp = b.txn(txns::dead_letter(queue, id, guard, &pending.key, &dead, false)).await?;
-    tracing::info!(queue, job = %id, moved = resp.succeeded, "job used its attempts: dead-lettered");
-    Ok(())
 }
 
 /// Whether an applied batch may make a job of `queue` claimable: an index write, or a claim
@@ -325,8 +144,8 @@ fn may_wake(queue: &str, batch: &crate::storage::state_machine::RevisionEvents) 
 
 /// Claims a job, waiting up to `wait` (None: without limit) for one to become claimable.
 /// `clock` reads the serving member's wall clock (unix ms). Returns `None` when the wait ended
-/// with nothing claimed.
-pub async fn claim<B: Backend>(
+/// with nothing claimed. Each attempt is one proposal; apply picks the job ([`super::decide`]).
+pub async fn claim<B: QueueBackend>(
     b: &B,
     queue: &str,
     lease: i64,
@@ -336,17 +155,24 @@ pub async fn claim<B: Backend>(
     clock: impl Fn() -> u64,
 ) -> Result<Option<ClaimedJob>, QueueError> {
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
-    // Subscribe before reading, so every revision after the read is in the feed.
+    // Subscribe before proposing, so every revision after apply's decision is in the feed.
     let mut feed = b.subscribe();
     loop {
-        let (wake_at, seen) =
-            match try_claim(b, queue, lease, visibility_ms, request_id, clock()).await {
-                Ok(Attempt::Claimed(job)) => return Ok(Some(job)),
-                Ok(Attempt::Empty { wake_at_ms, seen }) => (wake_at_ms, seen),
-                // Others keep winning: wait for the next change, as if the queue were empty.
-                Err(QueueError::Contended(_)) => (None, 0),
-                Err(e) => return Err(e),
-            };
+        let op = QueueOp::Claim(QueueClaimOp {
+            lease,
+            visibility_ms,
+            request_id: request_id.to_string(),
+        });
+        let (wake_at, seen) = match outcome(queue, b.decide(command(queue, clock(), op)).await?)? {
+            Outcome::Claimed(job) => return Ok(Some(job)),
+            Outcome::Empty(e) => (Some(e.wake_at_ms).filter(|&t| t > 0), e.revision),
+            other => {
+                return Err(QueueError::Corrupt {
+                    key: queue.to_string(),
+                    why: format!("apply answered a claim with {other:?}"),
+                })
+            }
+        };
         let now = tokio::time::Instant::now();
         if deadline.is_some_and(|d| d <= now) {
             return Ok(None);
@@ -369,7 +195,7 @@ pub async fn claim<B: Backend>(
                     Ok(FeedItem::SnapshotInstalled { .. }) => break,
                     Ok(FeedItem::Revision(batch)) if batch.revision <= seen => {}
                     Ok(FeedItem::Revision(batch)) => if may_wake(queue, &batch) { break },
-                    // Fell behind the feed: re-read instead of trusting it.
+                    // Fell behind the feed: propose again instead of trusting it.
                     Err(RecvError::Lagged(_)) => break,
                     Err(RecvError::Closed) => {
                         return Err(QueueError::Store(StoreError::Stopped));
@@ -436,14 +262,30 @@ async fn held<B: Backend>(
     }
 }
 
-/// Completes the job claimed with `token`. Returns the revision of the ack.
-pub async fn ack<B: Backend>(b: &B, queue: &str, id: &str, token: i64) -> Result<i64, QueueError> {
-    let (_, rec) = held(b, queue, id, token).await?;
-    let resp = b.txn(txns::ack(queue, id, token, rec.pending_key.as_bytes())).await?;
-    if !resp.succeeded {
-        return Err(stale_from(queue, id, token, &resp));
+/// Completes the job claimed with `token` (one proposal, decided in apply). Returns the
+/// revision of the ack.
+pub async fn ack<B: QueueBackend>(
+    b: &B,
+    queue: &str,
+    id: &str,
+    token: i64,
+) -> Result<i64, QueueError> {
+    let op = QueueOp::Ack(QueueAckOp { job_id: id.to_string(), token });
+    // The clock plays no part in an ack.
+    match outcome(queue, b.decide(command(queue, 0, op)).await?)? {
+        Outcome::Acked(done) => Ok(done.revision),
+        Outcome::Stale(s) => Err(QueueError::StaleClaim {
+            queue: queue.to_string(),
+            job: id.to_string(),
+            token,
+            current: Some(s.current).filter(|&c| c != 0),
+            job_exists: s.job_exists,
+        }),
+        other => Err(QueueError::Corrupt {
+            key: queue.to_string(),
+            why: format!("apply answered an ack with {other:?}"),
+        }),
     }
-    Ok(rev(&resp))
 }
 
 /// The outcome of [`nack`].

@@ -1,0 +1,307 @@
+//! Claims and acks decided in apply (`picket.raft.v1.QueueCommand`): the job a claim gets is
+//! picked inside the claim's own apply step, from the replicated state, so a claim is one Raft
+//! write and no two claimers race for one job (issue 20). Before this, a claimer read the index,
+//! chose the head job and proposed a Txn comparing it was still unclaimed; with 16 workers all
+//! chose the same head job, one won and fifteen retried, and the queue got slower with more
+//! workers.
+//!
+//! Everything here is deterministic: the serving member's clock reading travels in the command
+//! (`now_ms`), reads see only this apply batch, and nothing runs concurrently with apply, so a
+//! decision made here never goes stale before it is written. The writes are the same Txns
+//! ([`super::txns`]) the rest of the queue uses, run in this batch, so the layout, the fencing
+//! token (the claim key's create revision) and the watch events are what they always were.
+//!
+//! A claim may first tidy what blocks it: a claim past its visibility deadline is deleted (its
+//! job is then claimable) and a job that used its attempts is dead-lettered, each its own
+//! revision, at most [`MAX_FIXES`] per command so one command's work stays bounded.
+
+use std::collections::HashMap;
+
+use picket_proto::etcdserverpb::response_op::Response as OpResp;
+use picket_proto::etcdserverpb::{RangeRequest, TxnRequest, TxnResponse};
+use picket_proto::mvccpb::KeyValue;
+use picket_proto::picket::raft::v1::queue_command::Op;
+use picket_proto::picket::raft::v1::queue_result::Outcome;
+use picket_proto::picket::raft::v1::{
+    QueueAckOp, QueueClaimOp, QueueCommand, QueueCorrupt, QueueDone, QueueEmpty, QueueResult,
+    QueueStale,
+};
+use picket_proto::picket::v1::{
+    ClaimedJob, QueueClaimRecord, QueueDeadRecord, QueueJobRecord, QueuePendingRecord,
+};
+use picket_proto::prefix_end;
+use prost::Message;
+
+use super::{keys, txns};
+use crate::mvcc::{ApplyBatch, LeaseLookup, MvccError};
+use crate::storage::engine::Engine;
+
+/// Index entries read per page while looking for a claimable job.
+const CLAIM_PAGE: i64 = 128;
+/// Pages one claim reads at most: bounds apply's work when the head of the index is all in
+/// flight or delayed (the claimer then waits for a change, as for an empty queue).
+const CLAIM_PAGES: usize = 64;
+/// Reaps and dead letters one claim command does at most before it answers "nothing yet, retry
+/// now" (an [`Outcome::Empty`] due at once): each is a revision and a few writes.
+pub const MAX_FIXES: usize = 64;
+
+/// A record that did not decode: the command's outcome, the same on every member.
+struct Corrupt(QueueCorrupt);
+
+fn corrupt(key: &[u8], why: impl std::fmt::Display) -> Corrupt {
+    Corrupt(QueueCorrupt { key: String::from_utf8_lossy(key).into_owned(), why: why.to_string() })
+}
+
+enum Failed {
+    Mvcc(MvccError),
+    Corrupt(Corrupt),
+}
+
+impl From<MvccError> for Failed {
+    fn from(e: MvccError) -> Self {
+        Failed::Mvcc(e)
+    }
+}
+
+impl From<Corrupt> for Failed {
+    fn from(c: Corrupt) -> Self {
+        Failed::Corrupt(c)
+    }
+}
+
+fn decode<M: Message + Default>(kv: &KeyValue) -> Result<M, Corrupt> {
+    M::decode(kv.value.as_slice()).map_err(|e| corrupt(&kv.key, e))
+}
+
+/// Applies one queue command. `Err` is an MVCC error for apply's usual table (a claim on a lease
+/// that does not exist gets etcd's "requested lease not found").
+pub fn apply<E: Engine>(
+    b: &mut ApplyBatch<'_, E>,
+    leases: &dyn LeaseLookup,
+    cmd: QueueCommand,
+) -> Result<QueueResult, MvccError> {
+    let out = match cmd.op {
+        Some(Op::Claim(op)) => claim(b, leases, &cmd.queue, &op, cmd.now_ms),
+        Some(Op::Ack(op)) => ack(b, leases, &cmd.queue, &op),
+        None => Err(Failed::Corrupt(corrupt(cmd.queue.as_bytes(), "queue command without an op"))),
+    };
+    let outcome = match out {
+        Ok(o) => o,
+        Err(Failed::Mvcc(e)) => return Err(e),
+        Err(Failed::Corrupt(Corrupt(c))) => Outcome::Corrupt(c),
+    };
+    Ok(QueueResult { outcome: Some(outcome) })
+}
+
+fn get<E: Engine>(b: &ApplyBatch<'_, E>, key: Vec<u8>) -> Result<Option<KeyValue>, MvccError> {
+    Ok(b.range(&RangeRequest { key, ..Default::default() })?.kvs.into_iter().next())
+}
+
+fn range_kv(resp: &TxnResponse, i: usize) -> Option<&KeyValue> {
+    match resp.responses.get(i)?.response.as_ref()? {
+        OpResp::ResponseRange(r) => r.kvs.first(),
+        _ => None,
+    }
+}
+
+/// Runs a Txn whose compares this apply step just checked: it must succeed, or the state is
+/// not what was read (a bug), which is refused as corrupt rather than written half.
+fn run<E: Engine>(
+    b: &mut ApplyBatch<'_, E>,
+    leases: &dyn LeaseLookup,
+    key: &[u8],
+    txn: TxnRequest,
+) -> Result<TxnResponse, Failed> {
+    let resp = b.txn(&txn, leases)?;
+    if !resp.succeeded {
+        return Err(corrupt(key, "a compare checked in this apply step failed").into());
+    }
+    Ok(resp)
+}
+
+/// The job record of `id`; its absence beside an index entry or a claim is corrupt.
+fn job<E: Engine>(b: &ApplyBatch<'_, E>, queue: &str, id: &str) -> Result<QueueJobRecord, Failed> {
+    let key = keys::job_key(queue, id);
+    match get(b, key.clone())? {
+        Some(kv) => Ok(decode(&kv)?),
+        None => Err(corrupt(&key, "index entry or claim without its job record").into()),
+    }
+}
+
+fn claim<E: Engine>(
+    b: &mut ApplyBatch<'_, E>,
+    leases: &dyn LeaseLookup,
+    queue: &str,
+    op: &QueueClaimOp,
+    now_ms: u64,
+) -> Result<Outcome, Failed> {
+    // Refuse before tidying anything: the claim could not be written anyway.
+    if !leases.exists(op.lease) {
+        return Err(MvccError::LeaseNotFound(op.lease).into());
+    }
+    let mut fixes = 0;
+    let mut wake: Option<u64> = None;
+    let mut note = |t: u64| wake = Some(wake.map_or(t, |w: u64| w.min(t)));
+
+    // The live claims, by job id (as many as jobs in flight).
+    let prefix = keys::claim_prefix(queue);
+    let end = prefix_end(&prefix);
+    let mut claims: HashMap<String, KeyValue> = HashMap::new();
+    for kv in
+        b.range(&RangeRequest { key: prefix.clone(), range_end: end, ..Default::default() })?.kvs
+    {
+        if let Some(id) = keys::id_after(&prefix, &kv.key) {
+            claims.insert(id, kv);
+        }
+    }
+    // In key order, so every member reaps the same claims first.
+    let mut ids: Vec<&String> = claims.keys().collect();
+    ids.sort();
+    let mut reaped = Vec::new();
+    for id in ids {
+        let kv = &claims[id];
+        let rec: QueueClaimRecord = decode(kv)?;
+        if !op.request_id.is_empty() && rec.request_id == op.request_id && kv.lease == op.lease {
+            // A retry of a Claim that was applied but whose answer was lost: the same job.
+            let job = job(b, queue, id)?;
+            return Ok(Outcome::Claimed(ClaimedJob {
+                job_id: id.clone(),
+                payload: job.payload,
+                attempt: rec.attempt,
+                token: kv.create_revision,
+                priority: job.priority,
+                max_attempts: job.max_attempts.max(1),
+                deadline_ms: rec.deadline_ms,
+            }));
+        }
+        if rec.deadline_ms == 0 {
+            continue;
+        }
+        if rec.deadline_ms > now_ms {
+            note(rec.deadline_ms);
+        } else if fixes < MAX_FIXES {
+            // Past its visibility deadline: the job is claimable again (a takeover; the old
+            // token is refused from this revision on).
+            run(b, leases, &kv.key, txns::reap(queue, id, kv.mod_revision))?;
+            reaped.push(id.clone());
+            fixes += 1;
+        } else {
+            note(now_ms);
+        }
+    }
+    for id in reaped {
+        claims.remove(&id);
+    }
+
+    let prefix = keys::pending_prefix(queue);
+    let end = prefix_end(&prefix);
+    let mut start = prefix.clone();
+    for _ in 0..CLAIM_PAGES {
+        let page = b.range(&RangeRequest {
+            key: start.clone(),
+            range_end: end.clone(),
+            limit: CLAIM_PAGE,
+            ..Default::default()
+        })?;
+        // A full page may have more after it; a short one read to the end of the index.
+        let mut next =
+            (page.kvs.len() as i64 >= CLAIM_PAGE).then(|| page.kvs.last()).flatten().map(|kv| {
+                let mut k = kv.key.clone();
+                k.push(0);
+                k
+            });
+        for kv in &page.kvs {
+            let Some(pk) = keys::parse_pending_key(queue, &kv.key) else { continue };
+            if claims.contains_key(&pk.id) {
+                continue;
+            }
+            if pk.ready_at_ms > now_ms {
+                // The rest of this priority band is later still: skip to the next band.
+                note(pk.ready_at_ms);
+                next = Some(prefix_end(&keys::band_prefix(queue, pk.priority)));
+                break;
+            }
+            let rec: QueuePendingRecord = decode(kv)?;
+            let max = rec.max_attempts.max(1);
+            if rec.attempts >= max {
+                if fixes >= MAX_FIXES {
+                    note(now_ms);
+                    continue;
+                }
+                let reason =
+                    format!("its claimant's lease ended during attempt {} of {max}", rec.attempts);
+                let dead = QueueDeadRecord {
+                    job: Some(job(b, queue, &pk.id)?),
+                    attempts: rec.attempts,
+                    last_error: rec.last_error,
+                    reason,
+                };
+                let guard = txns::unclaimed(queue, &pk.id, &kv.key, kv.mod_revision);
+                let txn = txns::dead_letter(queue, &pk.id, guard, &kv.key, &dead, false);
+                run(b, leases, &kv.key, txn)?;
+                tracing::info!(queue, job = %pk.id, "job used its attempts: dead-lettered");
+                fixes += 1;
+                continue;
+            }
+            let attempt = rec.attempts + 1;
+            let bumped = QueuePendingRecord { attempts: attempt, ..rec };
+            let deadline_ms = if op.visibility_ms > 0 { now_ms + op.visibility_ms } else { 0 };
+            let record = QueueClaimRecord {
+                pending_key: String::from_utf8_lossy(&kv.key).into_owned(),
+                attempt,
+                claimed_at_ms: now_ms,
+                deadline_ms,
+                request_id: op.request_id.clone(),
+            };
+            let txn =
+                txns::claim(queue, &pk.id, &kv.key, kv.mod_revision, &bumped, op.lease, &record);
+            let resp = run(b, leases, &kv.key, txn)?;
+            let job: QueueJobRecord = match range_kv(&resp, 2) {
+                Some(kv) => decode(kv)?,
+                None => {
+                    return Err(corrupt(
+                        &keys::job_key(queue, &pk.id),
+                        "index entry without its job record",
+                    )
+                    .into())
+                }
+            };
+            return Ok(Outcome::Claimed(ClaimedJob {
+                job_id: pk.id,
+                payload: job.payload,
+                attempt,
+                // The claim key's create revision: the Txn's, the last this batch took.
+                token: b.revision(),
+                priority: job.priority,
+                max_attempts: max,
+                deadline_ms,
+            }));
+        }
+        match next {
+            Some(n) => start = n,
+            None => break,
+        }
+    }
+    Ok(Outcome::Empty(QueueEmpty { revision: b.revision(), wake_at_ms: wake.unwrap_or(0) }))
+}
+
+fn ack<E: Engine>(
+    b: &mut ApplyBatch<'_, E>,
+    leases: &dyn LeaseLookup,
+    queue: &str,
+    op: &QueueAckOp,
+) -> Result<Outcome, Failed> {
+    let claim = get(b, keys::claim_key(queue, &op.job_id))?;
+    if let Some(kv) = claim.as_ref().filter(|kv| kv.create_revision == op.token) {
+        let rec: QueueClaimRecord = decode(kv)?;
+        let txn = txns::ack(queue, &op.job_id, op.token, rec.pending_key.as_bytes());
+        run(b, leases, &kv.key, txn)?;
+        return Ok(Outcome::Acked(QueueDone { revision: b.revision() }));
+    }
+    let job_exists = get(b, keys::job_key(queue, &op.job_id))?.is_some();
+    Ok(Outcome::Stale(QueueStale { current: claim.map_or(0, |kv| kv.create_revision), job_exists }))
+}
+
+#[cfg(test)]
+#[path = "decide_tests.rs"]
+mod tests;

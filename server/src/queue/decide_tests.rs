@@ -1,0 +1,223 @@
+//! Claims and acks decided in apply, on the in-memory engine: the job each claim gets, the
+//! tidying a claim does first, and every refusal.
+
+use picket_proto::etcdserverpb::PutRequest;
+use picket_proto::picket::raft::v1::queue_command::Op;
+use picket_proto::picket::raft::v1::queue_result::Outcome;
+use picket_proto::picket::raft::v1::{QueueAckOp, QueueClaimOp, QueueCommand};
+use picket_proto::picket::v1::{QueueJobRecord, QueuePendingRecord};
+use prost::Message;
+
+use super::*;
+use crate::lease::LeaseTable;
+use crate::mvcc::MvccStore;
+use crate::storage::engine::MemEngine;
+
+const Q: &str = "work";
+
+struct State {
+    store: MvccStore<MemEngine>,
+    leases: LeaseTable,
+}
+
+impl State {
+    fn new() -> Self {
+        let mut leases = LeaseTable::default();
+        for id in [1, 2, 3] {
+            leases.grant(id, 60).unwrap();
+        }
+        Self { store: MvccStore::open(MemEngine::new()).unwrap(), leases }
+    }
+
+    fn enqueue(&mut self, id: &str, ready_at_ms: u64, max_attempts: u32) {
+        let job =
+            QueueJobRecord { payload: id.as_bytes().to_vec(), max_attempts, ..Default::default() };
+        let mut b = self.store.begin_apply();
+        let r = b.txn(&txns::enqueue(Q, id, &job, ready_at_ms, None), &self.leases).unwrap();
+        assert!(r.succeeded);
+        b.commit(false).unwrap();
+    }
+
+    /// Applies `cmds` as one entry (as the batcher groups concurrent claims) and commits.
+    fn apply(&mut self, cmds: Vec<QueueCommand>) -> Vec<Result<Outcome, MvccError>> {
+        let mut b = self.store.begin_apply();
+        let out = cmds
+            .into_iter()
+            .map(|c| apply(&mut b, &self.leases, c).map(|r| r.outcome.expect("an outcome")))
+            .collect();
+        b.commit(false).unwrap();
+        out
+    }
+
+    fn one(&mut self, cmd: QueueCommand) -> Result<Outcome, MvccError> {
+        self.apply(vec![cmd]).pop().unwrap()
+    }
+
+    fn exists(&self, key: Vec<u8>) -> bool {
+        let req = RangeRequest { key, ..Default::default() };
+        !self.store.range(&req).unwrap().kvs.is_empty()
+    }
+}
+
+fn claim(lease: i64, now_ms: u64) -> QueueCommand {
+    claim_with(lease, now_ms, 0, "")
+}
+
+fn claim_with(lease: i64, now_ms: u64, visibility_ms: u64, request_id: &str) -> QueueCommand {
+    QueueCommand {
+        queue: Q.into(),
+        now_ms,
+        op: Some(Op::Claim(QueueClaimOp { lease, visibility_ms, request_id: request_id.into() })),
+    }
+}
+
+fn ack(id: &str, token: i64) -> QueueCommand {
+    QueueCommand {
+        queue: Q.into(),
+        now_ms: 0,
+        op: Some(Op::Ack(QueueAckOp { job_id: id.into(), token })),
+    }
+}
+
+fn claimed(o: Result<Outcome, MvccError>) -> ClaimedJob {
+    match o {
+        Ok(Outcome::Claimed(j)) => j,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+#[test]
+fn concurrent_claims_in_one_entry_each_get_the_next_job_in_order() {
+    let mut s = State::new();
+    for i in 0..16 {
+        s.enqueue(&format!("j{i:02}"), 100 + i, 5);
+    }
+    // Sixteen workers' claims, grouped in one entry, and one more: every claim gets a job of its
+    // own, in FIFO order, with no retry; the seventeenth finds nothing.
+    let out = s.apply((0..17).map(|_| claim(1, 1_000)).collect());
+    let mut tokens = Vec::new();
+    for (i, o) in out.into_iter().enumerate() {
+        if i == 16 {
+            assert!(matches!(o, Ok(Outcome::Empty(QueueEmpty { wake_at_ms: 0, .. }))), "{o:?}");
+            continue;
+        }
+        let j = claimed(o);
+        assert_eq!(j.job_id, format!("j{i:02}"));
+        assert_eq!(j.attempt, 1);
+        tokens.push(j.token);
+    }
+    assert!(tokens.windows(2).all(|w| w[0] + 1 == w[1]), "one revision per claim: {tokens:?}");
+    // The token is the claim key's create revision, as before.
+    let kv = s.store.range(&RangeRequest { key: keys::claim_key(Q, "j00"), ..Default::default() });
+    assert_eq!(kv.unwrap().kvs[0].create_revision, tokens[0]);
+}
+
+#[test]
+fn an_ack_is_one_write_and_a_second_ack_is_stale() {
+    let mut s = State::new();
+    s.enqueue("a", 0, 5);
+    let j = claimed(s.one(claim(1, 10)));
+    let before = s.store.revision();
+    match s.one(ack("a", j.token)) {
+        Ok(Outcome::Acked(d)) => assert_eq!(d.revision, before + 1),
+        other => panic!("{other:?}"),
+    }
+    for key in [keys::job_key(Q, "a"), keys::claim_key(Q, "a")] {
+        assert!(!s.exists(key));
+    }
+    match s.one(ack("a", j.token)) {
+        Ok(Outcome::Stale(st)) => assert_eq!((st.current, st.job_exists), (0, false)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_claim_reaps_an_expired_claim_and_the_old_token_is_fenced_out() {
+    let mut s = State::new();
+    s.enqueue("a", 0, 5);
+    let first = claimed(s.one(claim_with(1, 10, 100, "")));
+    assert_eq!(first.deadline_ms, 110);
+    // Before the deadline the job is in flight: nothing, and the deadline is the wake-up time.
+    match s.one(claim(2, 50)) {
+        Ok(Outcome::Empty(e)) => assert_eq!(e.wake_at_ms, 110),
+        other => panic!("{other:?}"),
+    }
+    let second = claimed(s.one(claim(2, 200)));
+    assert_eq!((second.job_id.as_str(), second.attempt), ("a", 2));
+    assert!(second.token > first.token);
+    match s.one(ack("a", first.token)) {
+        Ok(Outcome::Stale(st)) => assert_eq!((st.current, st.job_exists), (second.token, true)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_job_that_used_its_attempts_is_dead_lettered_and_the_next_one_claimed() {
+    let mut s = State::new();
+    s.enqueue("a", 0, 1);
+    s.enqueue("b", 1, 5);
+    let a = claimed(s.one(claim_with(1, 10, 5, "")));
+    assert_eq!(a.job_id, "a");
+    // Its claim expires unfinished; the next claim reaps it, finds "a" out of attempts, moves it
+    // to the dead letters and claims "b", all in one command.
+    let b = claimed(s.one(claim(2, 100)));
+    assert_eq!(b.job_id, "b");
+    assert!(s.exists(keys::dead_key(Q, "a")));
+    assert!(!s.exists(keys::job_key(Q, "a")));
+}
+
+#[test]
+fn a_retried_request_id_gets_the_job_it_already_holds() {
+    let mut s = State::new();
+    s.enqueue("a", 0, 5);
+    s.enqueue("b", 1, 5);
+    let first = claimed(s.one(claim_with(1, 10, 0, "req-1")));
+    let again = claimed(s.one(claim_with(1, 20, 0, "req-1")));
+    assert_eq!(again, first);
+    // Another lease with the same request id is another claimer.
+    assert_eq!(claimed(s.one(claim_with(2, 20, 0, "req-1"))).job_id, "b");
+}
+
+#[test]
+fn a_delayed_job_waits_and_a_claim_on_a_missing_lease_writes_nothing() {
+    let mut s = State::new();
+    s.enqueue("later", 5_000, 5);
+    match s.one(claim(1, 1_000)) {
+        Ok(Outcome::Empty(e)) => assert_eq!(e.wake_at_ms, 5_000),
+        other => panic!("{other:?}"),
+    }
+    let before = s.store.revision();
+    assert!(matches!(s.one(claim(99, 6_000)), Err(MvccError::LeaseNotFound(99))));
+    assert_eq!(s.store.revision(), before);
+    assert_eq!(claimed(s.one(claim(1, 6_000))).job_id, "later");
+}
+
+#[test]
+fn a_foreign_record_under_the_queue_is_a_refusal_not_a_stop() {
+    let mut s = State::new();
+    s.enqueue("a", 0, 5);
+    // Someone put garbage over the index entry with a plain Put.
+    let key = keys::pending_key(Q, 0, 0, "a");
+    let mut b = s.store.begin_apply();
+    let put = PutRequest { key: key.clone(), value: vec![0xff; 7], ..Default::default() };
+    b.put(&put, &s.leases).unwrap();
+    b.commit(false).unwrap();
+    match s.one(claim(1, 10)) {
+        Ok(Outcome::Corrupt(c)) => assert_eq!(c.key.as_bytes(), key.as_slice()),
+        other => panic!("{other:?}"),
+    }
+    // A well-formed record there again: claims work.
+    let rec = QueuePendingRecord { job_id: "a".into(), max_attempts: 5, ..Default::default() };
+    let mut b = s.store.begin_apply();
+    let put = PutRequest { key, value: rec.encode_to_vec(), ..Default::default() };
+    b.put(&put, &s.leases).unwrap();
+    b.commit(false).unwrap();
+    assert_eq!(claimed(s.one(claim(1, 10))).job_id, "a");
+}
+
+#[test]
+fn a_command_without_an_op_is_refused_the_same_everywhere() {
+    let mut s = State::new();
+    let cmd = QueueCommand { queue: Q.into(), now_ms: 0, op: None };
+    assert!(matches!(s.one(cmd), Ok(Outcome::Corrupt(_))));
+}
