@@ -15,5 +15,6 @@ pub mod network;
 pub mod proposer;
 pub mod read_index;
 pub mod service;
+pub mod snapshot_data;
 pub mod transfer;
 pub mod types;

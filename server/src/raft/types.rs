@@ -7,7 +7,6 @@
 //! encoding, whatever serde format carries it.
 
 use std::fmt;
-use std::io::Cursor;
 
 use picket_proto::picket::raft::v1::{CommandResult, RaftCommand};
 use prost::Message;
@@ -25,7 +24,8 @@ openraft::declare_raft_types!(
         NodeId = NodeId,
         Node = Member,
         Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
+        // A file, not a `Vec` (issue 20): see `snapshot_data`.
+        SnapshotData = crate::raft::snapshot_data::SnapshotData,
         AsyncRuntime = openraft::TokioRuntime,
 );
 

@@ -8,7 +8,6 @@
 //! batch that reached the disk, and replaying an entry twice is impossible: openraft re-sends
 //! only entries after the `last_applied` we report, and we report what is on disk.
 
-use std::io::Cursor;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -21,6 +20,7 @@ use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::{CommandResult, Empty};
 use tokio::sync::broadcast;
 
+use crate::raft::snapshot_data::SnapshotData;
 use crate::raft::types::{
     Applied, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
@@ -172,16 +172,19 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, StorageError> {
+        let path = self.shared.snapshots.receiving_path();
+        Ok(Box::new(SnapshotData::create_temp(path).await.map_err(snap_err)?))
     }
 
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        data: Box<Cursor<Vec<u8>>>,
+        mut data: Box<SnapshotData>,
     ) -> Result<(), StorageError> {
-        let blob = data.into_inner();
+        // Installing rewrites the store in one batch, which holds it in memory anyway.
+        let blob = data.read_all().await.map_err(snap_err)?;
+        drop(data);
         tracing::info!(
             log_index = meta.last_log_id.map(|l| l.index),
             bytes = blob.len(),
@@ -230,56 +233,67 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        let loaded = self.shared.snapshots.load().map_err(snap_err)?;
-        Ok(loaded.map(|(meta, blob)| Snapshot { meta, snapshot: Box::new(Cursor::new(blob)) }))
+        // Verifying reads the whole file: off the runtime's worker threads.
+        let shared = self.shared.clone();
+        let found = tokio::task::spawn_blocking(move || shared.snapshots.open())
+            .await
+            .map_err(snap_err)?
+            .map_err(snap_err)?;
+        let Some((meta, file, base)) = found else { return Ok(None) };
+        let data = SnapshotData::new(file, base).map_err(snap_err)?;
+        Ok(Some(Snapshot { meta, snapshot: Box::new(data) }))
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let shared = self.shared.clone();
-        // Building reads the whole store; keep it off the async runtime's worker threads.
-        let blob = tokio::task::spawn_blocking(move || snapshot::build(shared.engine.db()))
-            .await
-            .map_err(snap_err)?
-            .map_err(snap_err)?;
-        // The blob's own meta column family says which entry it covers.
-        let (last_log_id, last_membership) = {
-            let records = snapshot::parse(&blob).map_err(snap_err)?;
-            let meta_cf =
-                snapshot::SNAPSHOT_CFS.iter().position(|c| *c == "meta").unwrap_or(usize::MAX);
-            let mut applied: Option<LogId> = None;
-            let mut membership = StoredMembership::default();
-            for (cf, k, v) in records {
-                if cf == meta_cf && k == KEY_APPLIED {
-                    applied = postcard::from_bytes(v).map_err(snap_err)?;
-                } else if cf == meta_cf && k == KEY_MEMBERSHIP {
-                    membership = postcard::from_bytes(v).map_err(snap_err)?;
-                }
-            }
-            (applied, membership)
-        };
         let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
-        let snapshot_id = match last_log_id {
-            Some(l) => format!("{}-{}-{}", l.leader_id, l.index, seq),
-            None => format!("--{seq}"),
-        };
-        let meta = SnapshotMeta { last_log_id, last_membership, snapshot_id };
-        // Written and fsynced off the runtime's worker threads, like the build itself.
-        let (shared, meta_owned) = (self.shared.clone(), meta.clone());
-        let blob = tokio::task::spawn_blocking(move || {
-            shared.snapshots.save(&meta_owned, &blob).map(|()| blob)
+        // Building reads the whole store and writes it to the snapshot file: keep it off the
+        // async runtime's worker threads.
+        let (meta, bytes, found) = tokio::task::spawn_blocking(move || {
+            let db = shared.engine.db();
+            let view = db.snapshot();
+            let meta = snapshot_meta(db, &view, seq)?;
+            let bytes = shared.snapshots.save_from(&meta, db, &view)?;
+            Ok::<_, snapshot::SnapshotError>((meta, bytes, shared.snapshots.open()?))
         })
         .await
         .map_err(snap_err)?
         .map_err(snap_err)?;
-        tracing::info!(
-            log_index = last_log_id.map(|l| l.index),
-            bytes = blob.len(),
-            "built snapshot"
-        );
-        Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(blob)) })
+        tracing::info!(log_index = meta.last_log_id.map(|l| l.index), bytes, "built snapshot");
+        // The data is the file just written, not a copy in memory. Only this task writes the
+        // snapshot file meanwhile (openraft builds and installs one at a time), so it is ours.
+        let (_, file, base) = found
+            .ok_or_else(|| snap_err("the snapshot file vanished right after it was written"))?;
+        let data = SnapshotData::new(file, base).map_err(snap_err)?;
+        Ok(Snapshot { meta, snapshot: Box::new(data) })
     }
+}
+
+/// The metadata of a snapshot of `view`: which entry it covers and the membership then, read
+/// from the view's own meta column family, so they describe exactly the cut.
+fn snapshot_meta(
+    db: &rocksdb::DB,
+    view: &snapshot::View<'_>,
+    seq: u64,
+) -> Result<SnapshotMeta, snapshot::SnapshotError> {
+    let meta_cf = db
+        .cf_handle(Cf::Meta.name())
+        .ok_or(snapshot::SnapshotError::Malformed("column family missing"))?;
+    let last_log_id: Option<LogId> = match view.get_cf(meta_cf, KEY_APPLIED)? {
+        Some(v) => postcard::from_bytes(&v)?,
+        None => None,
+    };
+    let last_membership: StoredMembership = match view.get_cf(meta_cf, KEY_MEMBERSHIP)? {
+        Some(v) => postcard::from_bytes(&v)?,
+        None => StoredMembership::default(),
+    };
+    let snapshot_id = match last_log_id {
+        Some(l) => format!("{}-{}-{}", l.leader_id, l.index, seq),
+        None => format!("--{seq}"),
+    };
+    Ok(SnapshotMeta { last_log_id, last_membership, snapshot_id })
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 use picket_proto::etcdserverpb::PutRequest;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 
+use crate::storage::snapshot::{self, SnapshotFiles};
 use crate::storage::test_member::Member;
 
 /// How long the test waits for the runtime to run its probe while an install is in progress.
@@ -53,7 +54,8 @@ fn snapshot_install_blocks_neither_the_runtime_nor_response_headers() {
                 source.apply(put(&format!("k{i}"))).await;
             }
             let want = source.sm.shared().revision();
-            let snap = source.sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+            source.sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+            let snap = source.sm.get_current_snapshot().await.unwrap().expect("a snapshot");
             let target = Member::new();
             let before = target.sm.shared().revision();
 
@@ -84,4 +86,37 @@ fn snapshot_install_blocks_neither_the_runtime_nor_response_headers() {
     assert_eq!(during, before, "before the swap, headers show the old state");
     assert_eq!(after, want, "after the install, the snapshot's revision");
     assert_ne!(want, before);
+}
+
+/// Building streams the store into the snapshot file (issue 20: it used to serialize the whole
+/// store into memory first, on every member, every `--snapshot-count` entries). The file must be
+/// byte for byte what the in-memory path wrote, so files of earlier builds and of this one read
+/// the same, and what a lagging follower is sent is the store at the snapshot's entry.
+#[tokio::test]
+async fn a_built_snapshot_is_streamed_to_the_same_file_the_blob_path_wrote() {
+    let mut m = Member::new();
+    for i in 0..300 {
+        m.apply(put(&format!("key-{i:04}"))).await;
+    }
+    let built = m.sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    assert_eq!(built.meta.last_log_id.map(|l| l.index), Some(300));
+    // The store has not moved since: the in-memory blob of it is what the file must hold.
+    let blob = snapshot::build(m.sm.shared().engine.db()).unwrap();
+    let streamed = std::fs::read(m.snapshot_dir().join("current.snap")).unwrap();
+    let other = tempfile::TempDir::new().unwrap();
+    SnapshotFiles::new(other.path()).unwrap().save(&built.meta, &blob).unwrap();
+    let saved = std::fs::read(other.path().join("current.snap")).unwrap();
+    assert!(streamed == saved, "streamed file differs from the blob path's");
+
+    // What openraft sends: the data of the built snapshot and of the current one.
+    let mut built_data = built.snapshot;
+    assert!(built_data.read_all().await.unwrap() == blob);
+    let mut sent = m.sm.get_current_snapshot().await.unwrap().expect("a snapshot");
+    assert_eq!(sent.meta, built.meta);
+    assert!(sent.snapshot.read_all().await.unwrap() == blob);
+    // Writes after the build are not in it.
+    m.apply(put("later")).await;
+    let mut again = m.sm.get_current_snapshot().await.unwrap().expect("a snapshot");
+    assert_eq!(again.meta, built.meta);
+    assert!(again.snapshot.read_all().await.unwrap() == blob);
 }

@@ -13,7 +13,7 @@ use crate::storage::rocks::RocksEngine;
 use crate::storage::state_machine::StateMachine;
 
 pub(crate) struct Member {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     pub(crate) sm: StateMachine,
     index: u64,
 }
@@ -23,7 +23,12 @@ impl Member {
         let dir = tempfile::TempDir::new().expect("temp dir");
         let engine = RocksEngine::open(dir.path().join("db")).expect("open rocksdb");
         let sm = StateMachine::open(engine, dir.path().join("snapshots")).expect("open sm");
-        Self { _dir: dir, sm, index: 0 }
+        Self { dir, sm, index: 0 }
+    }
+
+    /// Where this member keeps its snapshot file.
+    pub(crate) fn snapshot_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("snapshots")
     }
 
     /// Applies `cmd` as the next log entry (term 1) and returns its result.
