@@ -87,9 +87,11 @@ echo "[]." >"$root/enabled_plugins"
 : >"$root/rabbitmq.conf"
 : >"$root/rabbitmq-env.conf"
 # The environment every rabbitmq-server and rabbitmqctl here runs with: our HOME (cookie), our
-# epmd, our config files (not /etc/rabbitmq's), and the CLI's own distribution ports below 32768
-# (its default range starts at 35672).
+# epmd, our config files (not /etc/rabbitmq's), the CLI's own distribution ports below 32768
+# (its default range starts at 35672), and crash dumps in the temp dir rather than the working
+# directory (a VM that dies at boot writes one).
 rmq_env=(HOME="$rhome" ERL_EPMD_PORT="$epmd_port" ERL_EPMD_ADDRESS=127.0.0.1
+  ERL_CRASH_DUMP="$root/erl_crash.dump"
   RABBITMQ_CONF_ENV_FILE="$root/rabbitmq-env.conf" RABBITMQ_CONFIG_FILE="$root/rabbitmq.conf"
   RABBITMQ_ENABLED_PLUGINS_FILE="$root/enabled_plugins"
   RABBITMQ_CTL_DIST_PORT_MIN=$((RB + 50)) RABBITMQ_CTL_DIST_PORT_MAX=$((RB + 60)))
@@ -103,7 +105,7 @@ ctl() { # i args...
 }
 rabbit_log() { # i
   echo "--- $(node "$1"): its log tail:" >&2
-  tail -20 "$root/rabbit$1/log/$(node "$1").log" "$root/rabbit$1/stdout.log" >&2 2>/dev/null || true
+  tail -n 20 "$root/rabbit$1/log/$(node "$1").log" "$root/rabbit$1/stdout.log" >&2 2>/dev/null || true
 }
 env "${rmq_env[@]}" epmd -port "$epmd_port" -address 127.0.0.1 >"$root/epmd.log" 2>&1 &
 pids+=($!)
@@ -166,7 +168,7 @@ for ep in ${picket_eps//,/ }; do
     ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
     sleep 0.5
   done
-  [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -20 "$root"/picket-n*.log >&2; exit 1; }
+  [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$root"/picket-n*.log >&2; exit 1; }
 done
 
 # Peak of the summed VmRSS (KiB) of the given PIDs, sampled every 0.5 s until killed; the
