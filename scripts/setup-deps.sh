@@ -15,14 +15,18 @@
 #   iptables            network partitions in the harness
 #   faketime            libfaketime, the harness's clock-skew nemesis (jepsen/tests/nemeses.rs)
 #   python3-venv        `python3 -m venv`: tests/tests/patroni.rs installs Patroni into a venv
+#   rabbitmq-server     RabbitMQ 3.10 (with Erlang and epmd), the quorum-queue cluster
+#                       scripts/bench-queue.sh runs beside Picket's queue
 #
 # It installs only what is missing, so it is cheap to call every time. It starts and stops no
 # service: Debian's etcd-server package may start an etcd on 2379/2380 where a service manager
 # runs; that etcd is the user's, and every test and script here uses ports below 32768 that are
-# not etcd's defaults, so the two never meet.
+# not etcd's defaults, so the two never meet. Likewise rabbitmq-server may start a system RabbitMQ
+# on 5672 (and epmd on 4369); scripts/bench-queue.sh runs its own nodes as the current user, with
+# their own epmd, ports below 32768 and data under a temp dir, and never touches that one.
 set -euo pipefail
 packages=(libclang-dev protobuf-compiler libprotobuf-dev etcd-server etcd-client iproute2 iptables python3-venv
-  faketime)
+  faketime rabbitmq-server)
 need=()
 for p in "${packages[@]}"; do
   # `dpkg-query -W` succeeds for a package dpkg merely remembers (removed, config files left);

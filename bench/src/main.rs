@@ -1,11 +1,16 @@
 //! `picket-bench`: drives any etcd-API endpoint list with N clients for a fixed time and prints
 //! ops/s and latency percentiles (issue 9's workloads). It talks only the etcd API, so the same
 //! run can target etcd for comparison. Lease workloads live in [`lease`], the watch latency
-//! workload in [`watch`].
+//! workload in [`watch`]. The queue workloads are the exception: `queue-cycle` ([`queue`]) speaks
+//! Picket's own `picket.v1.Queue`, and `amqp-cycle` ([`amqp`]) the same cycle over AMQP 0-9-1
+//! against RabbitMQ; both run in [`cycle`]'s loop.
 
+mod amqp;
 mod cpu;
+mod cycle;
 mod json;
 mod lease;
+mod queue;
 mod watch;
 
 use std::time::{Duration, Instant};
@@ -46,6 +51,12 @@ enum Workload {
     /// Put-to-event latency with `--watchers` watchers on one prefix and one writer putting
     /// `--put-rate` keys per second.
     Watch,
+    /// Picket's work queue: each client, with a lease of its own, enqueues a `--value-size`
+    /// payload on `--queue`, claims a job and acks it; reports full cycles.
+    QueueCycle,
+    /// The same cycle against RabbitMQ (`--amqp-uri`): a durable quorum queue, a persistent
+    /// publish waiting for its publisher confirm, a delivery (prefetch 1) and its manual ack.
+    AmqpCycle,
 }
 
 #[derive(Debug, Parser)]
@@ -86,6 +97,14 @@ struct Args {
     /// watch: puts per second.
     #[arg(long, default_value_t = 50)]
     put_rate: u64,
+    /// queue-cycle, amqp-cycle: the queue's name (amqp-cycle declares it, purges it first and
+    /// deletes it at the end).
+    #[arg(long, default_value = "bench")]
+    queue: String,
+    /// amqp-cycle: comma-separated AMQP URIs, one per RabbitMQ node; connections are spread
+    /// over them round-robin.
+    #[arg(long, value_delimiter = ',', default_value = "amqp://127.0.0.1:5672/%2f")]
+    amqp_uri: Vec<String>,
     /// Comma-separated server PIDs whose CPU time (from /proc) to report over the measured
     /// window: per keep-alive for lease-hold, per operation for the other load workloads.
     #[arg(long, value_delimiter = ',')]
@@ -104,6 +123,28 @@ pub(crate) fn pct(sorted: &[Duration], p: f64) -> Duration {
 async fn main() -> Result<()> {
     let args = Args::parse();
     let endpoints: Vec<String> = args.endpoints.split(',').map(str::to_string).collect();
+    let window = Duration::from_secs(args.seconds);
+    // The queue workloads set up their own clients (no etcd client, and for amqp-cycle no etcd
+    // endpoint at all) before the clock starts.
+    match args.workload {
+        Workload::QueueCycle => {
+            let (n, size) = (args.clients, args.value_size);
+            let w = queue::workers(&endpoints, args.conns, n, &args.queue, size, window).await?;
+            let m = cycle::drive(w, window, &cpu::CpuMeter::new(args.cpu_pids.clone())).await?;
+            m.print(args.workload, args.clients, args.conns);
+            return Ok(());
+        }
+        Workload::AmqpCycle => {
+            let (n, size) = (args.clients, args.value_size);
+            let (setup, w) =
+                amqp::workers(&args.amqp_uri, args.conns, n, &args.queue, size).await?;
+            let m = cycle::drive(w, window, &cpu::CpuMeter::new(args.cpu_pids.clone())).await?;
+            setup.teardown().await;
+            m.print(args.workload, args.clients, args.conns);
+            return Ok(());
+        }
+        _ => {}
+    }
     let mut conns = Vec::new();
     for i in 0..args.conns.max(1) {
         // Spread connections over the endpoints, one endpoint per connection, so load reaches
@@ -129,7 +170,6 @@ async fn main() -> Result<()> {
             leases.push(c.lease_grant(60, None).await?.id());
         }
     }
-    let window = Duration::from_secs(args.seconds);
     match args.workload {
         Workload::LeaseHold => {
             let interval = Duration::from_secs(args.keepalive_interval.max(1));
@@ -185,7 +225,10 @@ async fn main() -> Result<()> {
                         Workload::JsonPut => json.put(&k, &value).await.map_err(gateway),
                         Workload::JsonGet => json.get(&k).await.map_err(gateway),
                         Workload::LeaseCycle => lease::cycle(&mut c).await,
-                        Workload::LeaseHold | Workload::Watch => Ok(()),
+                        Workload::LeaseHold
+                        | Workload::Watch
+                        | Workload::QueueCycle
+                        | Workload::AmqpCycle => Ok(()),
                         Workload::LockContended | Workload::LockUncontended => {
                             match c
                                 .lock(
@@ -219,31 +262,14 @@ async fn main() -> Result<()> {
         all.extend(lat);
         errors += e;
     }
-    let elapsed = start.elapsed().as_secs_f64();
-    let server_cpu = cpu.since(cpu_before);
-    let host_busy = cpu::HostCpu::busy_percent_since(host_before);
     all.sort_unstable();
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    print!(
-        "workload={:?} clients={} conns={} ops={} errors={} ops/s={:.0} p50={:.2}ms p90={:.2}ms p99={:.2}ms max={:.2}ms",
-        args.workload,
-        args.clients,
-        args.conns,
-        all.len(),
+    let measured = cycle::Measured {
+        latencies: all,
         errors,
-        all.len() as f64 / elapsed,
-        ms(pct(&all, 0.50)),
-        ms(pct(&all, 0.90)),
-        ms(pct(&all, 0.99)),
-        ms(all.last().copied().unwrap_or_default()),
-    );
-    // Appended to the same line, so the script's parser sees every figure of one run together.
-    if let Some(c) = server_cpu {
-        print!(" server_cpu_us_per_op={:.0}", c * 1e6 / all.len().max(1) as f64);
-    }
-    if let Some(b) = host_busy {
-        print!(" host_busy_pct={b:.0}");
-    }
-    println!();
+        elapsed: start.elapsed(),
+        server_cpu: cpu.since(cpu_before),
+        host_busy: cpu::HostCpu::busy_percent_since(host_before),
+    };
+    measured.print(args.workload, args.clients, args.conns);
     Ok(())
 }

@@ -1,0 +1,110 @@
+//! `queue-cycle`: the enqueue -> claim -> ack cycle of Picket's durable work queue
+//! (`picket.v1.Queue`), the workload [`crate::amqp`] runs against RabbitMQ's quorum queue.
+//!
+//! Each worker holds its own lease, granted before the window and revoked after it, as a real
+//! worker does (a claim lives while its lease does). One cycle is three gRPC calls, each of them
+//! a committed Raft write (a quorum of members has fsynced it) before it answers:
+//!
+//! 1. `Enqueue` of a `--value-size` payload on `--queue`;
+//! 2. `Claim` with the worker's lease, waiting up to [`CLAIM_WAIT_MS`] for a ready job. The job
+//!    claimed is the queue's oldest ready job, not necessarily the one this worker enqueued;
+//!    with N workers there are N jobs in flight at most, so a claim never waits long;
+//! 3. `Ack` with the returned fencing token: the job is removed.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use picket_proto::etcdserverpb::lease_client::LeaseClient;
+use picket_proto::etcdserverpb::{LeaseGrantRequest, LeaseRevokeRequest};
+use picket_proto::picket::v1::queue_client::QueueClient;
+use picket_proto::picket::v1::{AckJobRequest, ClaimRequest, EnqueueRequest};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::cycle::Worker;
+
+/// How long a Claim waits for a ready job. A cycle's claim follows its own enqueue, so a job is
+/// normally ready at once; the bound only ends a claim that found none.
+pub const CLAIM_WAIT_MS: u64 = 10_000;
+
+/// Lease time-to-live beyond the window: the lease must outlive every claim of the run, and a
+/// worker revokes it when done.
+const LEASE_SLACK: Duration = Duration::from_secs(60);
+
+/// One Picket queue worker: its queue client, its lease, and the payload it enqueues.
+pub struct QueueWorker {
+    queue: QueueClient<Channel>,
+    leases: LeaseClient<Channel>,
+    name: String,
+    lease: i64,
+    payload: Vec<u8>,
+}
+
+/// Opens `conns` connections spread over `endpoints` (one endpoint per connection, as the etcd
+/// workloads do) and makes `workers` workers on them round-robin, each with a lease of its own.
+pub async fn workers(
+    endpoints: &[String],
+    conns: usize,
+    workers: usize,
+    name: &str,
+    payload_size: usize,
+    window: Duration,
+) -> Result<Vec<QueueWorker>> {
+    let mut channels = Vec::new();
+    for i in 0..conns.max(1) {
+        let ep = &endpoints[i % endpoints.len()];
+        let ch = Endpoint::from_shared(ep.clone())
+            .with_context(|| format!("endpoint {ep}"))?
+            .connect()
+            .await
+            .with_context(|| format!("connect {ep}"))?;
+        channels.push(ch);
+    }
+    let ttl = (window + LEASE_SLACK).as_secs() as i64;
+    let mut out = Vec::new();
+    for i in 0..workers {
+        let ch = channels[i % channels.len()].clone();
+        let mut leases = LeaseClient::new(ch.clone());
+        let lease = leases
+            .lease_grant(LeaseGrantRequest { ttl, id: 0 })
+            .await
+            .context("granting a worker's lease")?
+            .into_inner()
+            .id;
+        out.push(QueueWorker {
+            queue: QueueClient::new(ch),
+            leases,
+            name: name.to_string(),
+            lease,
+            payload: vec![b'x'; payload_size],
+        });
+    }
+    Ok(out)
+}
+
+impl Worker for QueueWorker {
+    async fn cycle(&mut self) -> Result<()> {
+        let enqueue = EnqueueRequest {
+            queue: self.name.clone(),
+            payload: self.payload.clone(),
+            ..Default::default()
+        };
+        self.queue.enqueue(enqueue).await?;
+        let claim = ClaimRequest {
+            queue: self.name.clone(),
+            lease: self.lease,
+            wait_timeout_ms: Some(CLAIM_WAIT_MS),
+            ..Default::default()
+        };
+        let Some(job) = self.queue.claim(claim).await?.into_inner().job else {
+            bail!("no job became ready within {CLAIM_WAIT_MS} ms");
+        };
+        let ack = AckJobRequest { queue: self.name.clone(), job_id: job.job_id, token: job.token };
+        self.queue.ack(ack).await?;
+        Ok(())
+    }
+
+    async fn finish(mut self) {
+        // Best effort: the lease expires by itself LEASE_SLACK after the window anyway.
+        let _ = self.leases.lease_revoke(LeaseRevokeRequest { id: self.lease }).await;
+    }
+}

@@ -1,0 +1,257 @@
+#!/usr/bin/env bash
+# The queue against the queue people use (issue 20): enqueue -> claim -> ack cycles per second,
+# 1 and 16 workers, against a three-member Picket cluster (picket.v1.Queue, `picket-bench
+# --workload queue-cycle`) and a three-node RabbitMQ cluster (Debian's rabbitmq-server 3.10; a
+# durable quorum queue with publisher confirms, persistent messages, prefetch 1 and manual acks:
+# `--workload amqp-cycle`), both on loopback. Usage: scripts/bench-queue.sh [seconds] [rounds]
+#
+# Every round runs 1 and 16 workers against Picket, then against RabbitMQ, each on a fresh queue
+# (a new name per round and size; amqp-cycle also deletes its queue at the end). Each worker has
+# its own connection, spread over the three members/nodes round-robin. At the end a summary
+# table gives, per row, the median over the rounds of cycles/s with the spread (min-max), the
+# Picket/RabbitMQ ratio of the medians, p50 and p99, the servers' CPU per cycle (user + system
+# time of the three picketd processes or the three beam.smp processes over the measured window,
+# from /proc), the machine's busy share over the window (from /proc/stat, steal included) and the
+# servers' summed resident memory (peak of samples every 0.5 s, median over rounds).
+#
+# Binaries: picketd from ${CARGO_TARGET_DIR:-target}/release (PICKETD_BIN overrides it),
+# picket-bench likewise (BENCH_BIN); BENCH_NO_BUILD=1 skips `cargo build --workspace --release`.
+# RABBITMQ_BIN_DIR (default /usr/lib/rabbitmq/bin) holds the unwrapped rabbitmq-server and
+# rabbitmqctl: Debian's /usr/sbin wrappers switch to the rabbitmq user and its /var/lib dirs.
+# RABBIT_ERL_ARGS adds Erlang VM flags to the three nodes (RabbitMQ's defaults already turn off
+# the schedulers' busy waiting: +sbwt none +sbwtdcpu none +sbwtdio none).
+#
+# The RabbitMQ nodes run as the current user with everything under the run's temp dir: their
+# mnesia and log dirs, an Erlang cookie (HOME points there), an empty enabled-plugins file (no
+# management plugin), and an epmd started here on its own port (ERL_EPMD_PORT), so nothing of a
+# system RabbitMQ on 5672/4369 is used or touched. All ports are below 32768. Every process
+# started here is killed by PID on exit; the temp dir is removed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${1:-10}"
+rounds="${2:-1}"
+# Installs only what is missing; it starts and stops no service.
+scripts/setup-deps.sh
+[ -n "${BENCH_NO_BUILD:-}" ] || cargo build --workspace --release
+bin="${CARGO_TARGET_DIR:-target}/release"
+picketd="${PICKETD_BIN:-$bin/picketd}"
+bench="${BENCH_BIN:-$bin/picket-bench}"
+rmq_bin="${RABBITMQ_BIN_DIR:-/usr/lib/rabbitmq/bin}"
+root=$(mktemp -d /tmp/picket-bench-queue.XXXXXX)
+pids=()
+results="$root/results.tsv"
+# Kills process $1 after its descendants, found by parent PID (never by name): a rabbitmq-server
+# shell is its beam.smp's parent, and beam.smp is erl_child_setup's. Killing the shell alone
+# would leave beam.smp running, adopted by init.
+kill_tree() { # pid
+  local c
+  for c in $(pgrep -P "$1" 2>/dev/null || true); do kill_tree "$c"; done
+  kill -9 "$1" 2>/dev/null || true
+}
+cleanup() {
+  # Quiet: bash would report every killed background job.
+  exec 2>/dev/null
+  for p in "${pids[@]}"; do kill_tree "$p"; done
+  wait 2>/dev/null || true
+  rm -rf "$root"
+}
+trap cleanup EXIT INT TERM
+
+# Ports below the kernel's ephemeral range (32768-60999), away from bench-vs-etcd.sh's (21000,
+# 22000) and bench-mixed.sh's (23000), so the scripts can run side by side.
+PB=25000
+RB=26000
+epmd_port=$((RB + 2))
+
+# --- Picket: three members, as bench-vs-etcd.sh starts them.
+cluster=""
+for i in 1 2 3; do cluster+="${cluster:+,}n$i=http://127.0.0.1:$((PB + 10 * i + 1))"; done
+for i in 1 2 3; do
+  c=$((PB + 10 * i)); p=$((PB + 10 * i + 1))
+  "$picketd" --name "n$i" --data-dir "$root/picket/n$i" \
+    --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
+    --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
+    --initial-cluster "$cluster" --initial-cluster-state new 2>"$root/picket-n$i.log" &
+  pids+=($!)
+done
+picket_pids=("${pids[@]}")
+picket_eps="http://127.0.0.1:$((PB + 10)),http://127.0.0.1:$((PB + 20)),http://127.0.0.1:$((PB + 30))"
+
+# --- RabbitMQ: three nodes as the current user, everything under $root.
+rhome="$root/rabbit-home"
+mkdir -p "$rhome"
+# The cluster's shared secret; the CLI reads it from $HOME too. Any random string will do.
+od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$rhome/.erlang.cookie"
+chmod 400 "$rhome/.erlang.cookie"
+echo "[]." >"$root/enabled_plugins"
+: >"$root/rabbitmq.conf"
+: >"$root/rabbitmq-env.conf"
+# The environment every rabbitmq-server and rabbitmqctl here runs with: our HOME (cookie), our
+# epmd, our config files (not /etc/rabbitmq's), the CLI's own distribution ports below 32768
+# (its default range starts at 35672), and crash dumps in the temp dir rather than the working
+# directory (a VM that dies at boot writes one).
+rmq_env=(HOME="$rhome" ERL_EPMD_PORT="$epmd_port" ERL_EPMD_ADDRESS=127.0.0.1
+  ERL_CRASH_DUMP="$root/erl_crash.dump"
+  RABBITMQ_CONF_ENV_FILE="$root/rabbitmq-env.conf" RABBITMQ_CONFIG_FILE="$root/rabbitmq.conf"
+  RABBITMQ_ENABLED_PLUGINS_FILE="$root/enabled_plugins"
+  RABBITMQ_CTL_DIST_PORT_MIN=$((RB + 50)) RABBITMQ_CTL_DIST_PORT_MAX=$((RB + 60)))
+node() { echo "rabbit$1@localhost"; }
+# rabbitmqctl against node $1, bounded: each call starts an Erlang VM, which takes a few seconds
+# on a busy two-core machine.
+ctl() { # i args...
+  local i=$1
+  shift
+  timeout 120 env "${rmq_env[@]}" "$rmq_bin/rabbitmqctl" -n "$(node "$i")" "$@"
+}
+rabbit_log() { # i
+  echo "--- $(node "$1"): its log tail:" >&2
+  tail -n 20 "$root/rabbit$1/log/$(node "$1").log" "$root/rabbit$1/stdout.log" >&2 2>/dev/null || true
+}
+env "${rmq_env[@]}" epmd -port "$epmd_port" -address 127.0.0.1 >"$root/epmd.log" 2>&1 &
+pids+=($!)
+# Bounded: 20 x 0.25 s until our epmd answers.
+for _ in $(seq 20); do epmd -port "$epmd_port" -names >/dev/null 2>&1 && break; sleep 0.25; done
+epmd -port "$epmd_port" -names >/dev/null 2>&1 || { echo "epmd on $epmd_port did not start:" >&2; cat "$root/epmd.log" >&2; exit 1; }
+rabbit_shells=()
+for i in 1 2 3; do
+  d="$root/rabbit$i"
+  mkdir -p "$d"
+  env "${rmq_env[@]}" RABBITMQ_NODENAME="$(node "$i")" RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+    RABBITMQ_NODE_PORT=$((RB + 10 * i)) RABBITMQ_DIST_PORT=$((RB + 10 * i + 1)) \
+    RABBITMQ_MNESIA_BASE="$d/mnesia" RABBITMQ_LOG_BASE="$d/log" RABBITMQ_PID_FILE="$d/pid" \
+    RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1} ${RABBIT_ERL_ARGS:-}" \
+    "$rmq_bin/rabbitmq-server" >"$d/stdout.log" 2>&1 &
+  # The rabbitmq-server shell, which stays as beam.smp's parent; beam.smp's PID is read below.
+  pids+=($!)
+  rabbit_shells+=($!)
+done
+rabbit_pids=()
+for i in 1 2 3; do
+  # Bounded: 60 tries, each a CLI call of a second or two, until the node has booted.
+  # await_startup fails at once while the node is not yet reachable, so it is retried.
+  ok=""
+  for _ in $(seq 60); do
+    kill -0 "${rabbit_shells[$((i - 1))]}" 2>/dev/null || break
+    ctl "$i" -q await_startup --timeout 30 >/dev/null 2>&1 && { ok=1; break; }
+    sleep 1
+  done
+  [ -n "$ok" ] || { echo "RabbitMQ node $(node "$i") did not start" >&2; rabbit_log "$i"; exit 1; }
+  bp=$(cat "$root/rabbit$i/pid" 2>/dev/null || true)
+  [ -n "$bp" ] && [ -d "/proc/$bp" ] \
+    || { echo "no beam.smp PID for $(node "$i") in $root/rabbit$i/pid" >&2; rabbit_log "$i"; exit 1; }
+  pids+=("$bp")
+  rabbit_pids+=("$bp")
+done
+for i in 2 3; do
+  { ctl "$i" -q stop_app && ctl "$i" -q join_cluster "$(node 1)" && ctl "$i" -q start_app; } >/dev/null 2>&1 \
+    || { echo "RabbitMQ node $(node "$i") did not join $(node 1)" >&2; rabbit_log "$i"; rabbit_log 1; exit 1; }
+done
+# Bounded: 30 x 1 s until node 1 sees three running nodes (a quorum queue declared earlier
+# would get fewer replicas).
+ok=""
+for _ in $(seq 30); do
+  running=$(ctl 1 -q eval 'length(rabbit_nodes:all_running()).' 2>/dev/null || echo 0)
+  [ "$running" = 3 ] && { ok=1; break; }
+  sleep 1
+done
+[ -n "$ok" ] || { echo "the RabbitMQ cluster has ${running:-0} running nodes, not 3" >&2; rabbit_log 1; exit 1; }
+amqp_uris="amqp://guest:guest@127.0.0.1:$((RB + 10))/%2f,amqp://guest:guest@127.0.0.1:$((RB + 20))/%2f,amqp://guest:guest@127.0.0.1:$((RB + 30))/%2f"
+
+# --- Picket readiness: a committed write, then every member healthy (as bench-vs-etcd.sh).
+for _ in $(seq 60); do
+  ETCDCTL_API=3 etcdctl --endpoints="$picket_eps" put ready 1 >/dev/null 2>&1 && break
+  sleep 0.5
+done
+for ep in ${picket_eps//,/ }; do
+  ok=""
+  for _ in $(seq 20); do
+    ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
+    sleep 0.5
+  done
+  [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$root"/picket-n*.log >&2; exit 1; }
+done
+
+# Peak of the summed VmRSS (KiB) of the given PIDs, sampled every 0.5 s until killed; the
+# result goes to file $1. Bounded by the caller, which kills it when its run ends.
+sample_rss() { # out pid...
+  local out=$1 peak=0 total p kb
+  shift
+  while true; do
+    total=0
+    for p in "$@"; do
+      kb=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
+      total=$((total + ${kb:-0}))
+    done
+    [ "$total" -gt "$peak" ] && peak=$total && echo "$peak" >"$out"
+    sleep 0.5
+  done
+}
+run() { # kind workers
+  local kind=$1 n=$2 line rss_pid rss p args
+  if [ "$kind" = picket ]; then
+    p=("${picket_pids[@]}")
+    args=(--workload queue-cycle --endpoints "$picket_eps")
+  else
+    p=("${rabbit_pids[@]}")
+    args=(--workload amqp-cycle --amqp-uri "$amqp_uris")
+  fi
+  printf '%-8s ' "$kind"
+  rm -f "$root/rss"
+  sample_rss "$root/rss" "${p[@]}" &
+  rss_pid=$!
+  pids+=("$rss_pid")
+  line=$("$bench" "${args[@]}" --queue "bench-r$r-w$n" --clients "$n" --conns "$n" \
+    --value-size 64 --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" 2>"$root/bench.err") \
+    || line="failed (exit $?): $(tail -1 "$root/bench.err")"
+  kill "$rss_pid" 2>/dev/null || true
+  wait "$rss_pid" 2>/dev/null || true
+  rss=$(cat "$root/rss" 2>/dev/null || echo 0)
+  echo "$line rss_kib=$rss"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$r" "cycle-$n" "$kind" "$line" "$rss" >>"$results"
+}
+echo "# picketd: $picketd ($(stat -c %y "$picketd" | cut -d. -f1)); RabbitMQ: $(ctl 1 -q eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"'), Erlang $(ctl 1 -q eval 'erlang:system_info(otp_release).' 2>/dev/null | tr -d '"')"
+for r in $(seq "$rounds"); do
+  echo "# round $r (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
+  for n in 1 16; do
+    run picket "$n"
+    run rabbitmq "$n"
+  done
+done
+echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+# Medians over the rounds with their spread, and Picket/RabbitMQ ratios of the medians.
+[ -s "$results" ] && python3 - "$results" <<'PY'
+import re, statistics, sys
+runs = {}
+for row in open(sys.argv[1]):
+    rnd, name, kind, line, rss = (row.rstrip("\n").split("\t") + [""])[:5]
+    m = {k: v for k, v in re.findall(r"([\w/]+)=([\d.]+)", line)}
+    if "ops/s" not in m:
+        continue
+    r = runs.setdefault(name, {}).setdefault(
+        kind, {"ops": [], "p50": [], "p99": [], "rss": [], "cpu": [], "busy": [], "errors": 0})
+    r["errors"] += int(float(m.get("errors", 0)))
+    r["ops"].append(float(m["ops/s"]))
+    r["p50"].append(float(m["p50"]))
+    r["p99"].append(float(m["p99"]))
+    if rss and int(rss) > 0:
+        r["rss"].append(int(rss) / 1024)
+    if "server_cpu_us_per_op" in m:
+        r["cpu"].append(float(m["server_cpu_us_per_op"]))
+    if "host_busy_pct" in m:
+        r["busy"].append(float(m["host_busy_pct"]))
+med = lambda xs: statistics.median(xs) if xs else float("nan")
+spread = lambda xs: f"{med(xs):,.0f} ({min(xs):,.0f}-{max(xs):,.0f})"
+print("| workers | rounds | Picket cycles/s (min-max) | RabbitMQ cycles/s (min-max) | ratio | "
+      "Picket p50 / p99 ms | RabbitMQ p50 / p99 ms | server CPU us/cycle Picket / RabbitMQ | "
+      "machine busy % Picket / RabbitMQ | RSS MiB Picket / RabbitMQ | errors Picket / RabbitMQ |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for name, kinds in runs.items():
+    p, q = kinds.get("picket"), kinds.get("rabbitmq")
+    if not p or not q:
+        continue
+    pair = lambda k: f"{med(p[k]):.0f} / {med(q[k]):.0f}" if p[k] and q[k] else ""
+    print(f"| {name.split('-')[1]} | {len(p['ops'])} | {spread(p['ops'])} | {spread(q['ops'])} | "
+          f"{med(p['ops']) / med(q['ops']):.2f} | {med(p['p50']):.2f} / {med(p['p99']):.2f} | "
+          f"{med(q['p50']):.2f} / {med(q['p99']):.2f} | {pair('cpu')} | {pair('busy')} | "
+          f"{pair('rss')} | {p['errors']} / {q['errors']} |")
+PY
