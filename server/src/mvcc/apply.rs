@@ -10,7 +10,8 @@ use picket_proto::etcdserverpb::{
     CompactionRequest, CompactionResponse, DeleteRangeRequest, DeleteRangeResponse, PutRequest,
     PutResponse, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
 };
-use picket_proto::mvccpb::Event;
+use picket_proto::mvccpb::event::EventType;
+use picket_proto::mvccpb::{Event, KeyValue};
 use picket_proto::picket::storage::v1::RevisionEvents;
 use prost::Message;
 
@@ -80,6 +81,18 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
             (out, req.layer, req.changes)
         };
         if !changes.is_empty() {
+            // A key put below a scan floor lowers it, so the floor stays at or below every live
+            // key under its prefix. Deletes cannot break that.
+            if !self.store.floors.is_empty() {
+                for e in changes.iter().filter(|e| e.r#type == EventType::Put as i32) {
+                    let Some(kv) = e.kv.as_ref() else { continue };
+                    for (prefix, floor) in self.store.floors.iter_mut() {
+                        if kv.key.starts_with(prefix) && kv.key < *floor {
+                            floor.clone_from(&kv.key);
+                        }
+                    }
+                }
+            }
             let rev = self.revision + 1;
             let record = RevisionEvents { events: changes.clone() };
             layer.put(Cf::Changelog, keys::changelog_key(rev).to_vec(), record.encode_to_vec());
@@ -121,6 +134,51 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
     /// A Range that sees this batch's writes.
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, MvccError> {
         read::range(&self.view(), req, self.revision, self.compacted)
+    }
+
+    /// Up to `limit` live keys of `[key, range_end)` (etcd's range pair) in key order, at this
+    /// batch's revision. Unlike [`Self::range`] it stops at the limit instead of counting every
+    /// key in the range.
+    pub fn live(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        limit: usize,
+    ) -> Result<Vec<KeyValue>, MvccError> {
+        let view = self.view();
+        read::Visible::etcd_range(&view, key, range_end, self.revision)
+            .take(limit)
+            .map(|v| read::decode_kv(&v?))
+            .collect()
+    }
+
+    /// The user keys attached to `lease`, in key order, as this batch sees them.
+    pub fn lease_keys(&self, lease: i64) -> Result<Vec<Vec<u8>>, MvccError> {
+        super::request::lease_keys(&self.view(), lease)
+    }
+
+    /// Where a scan of the live keys under `prefix` may start: a key at or below every live key
+    /// under it, or `None` (start at the prefix). A deleted key stays in the history until
+    /// compaction, and a scan from the prefix passes every one; a reader that scans one prefix
+    /// over and over while keys under it come and go (a queue's claim-order index) records with
+    /// [`Self::set_scan_floor`] where the live keys began, and starts there next time.
+    ///
+    /// Floors are this member's own and start empty, but a scan from the floor sees exactly the
+    /// live keys a scan from the prefix sees: every put below a floor lowers it (in the request
+    /// that writes it), so applying stays deterministic. A floor set from this batch's view is
+    /// kept even if the batch were not committed; that is safe because a batch that fails to
+    /// commit stops the member (`apply::Fatal`), dropping the store with its floors.
+    pub fn scan_floor(&self, prefix: &[u8]) -> Option<Vec<u8>> {
+        self.store.floors.get(prefix).cloned()
+    }
+
+    /// Records that no live key under `prefix` is below `floor` (the caller scanned from the
+    /// prefix or from the previous floor and found the first live key at `floor`, or none: then
+    /// `floor` is the prefix's end). A floor outside the prefix is ignored.
+    pub fn set_scan_floor(&mut self, prefix: &[u8], floor: Vec<u8>) {
+        if floor.as_slice() >= prefix {
+            self.store.floors.insert(prefix.to_vec(), floor);
+        }
     }
 
     /// etcd Compact: records the new compaction point, from which on reads below it are

@@ -28,6 +28,10 @@ pub struct MvccStore<E: Engine> {
     compacted: i64,
     /// How far old records were physically dropped; `<= compacted` (see `compact`).
     physical: i64,
+    /// Scan floors, by key prefix: every live key under the prefix is at or above its floor
+    /// (see [`crate::mvcc::ApplyBatch::scan_floor`]). This member's own, never replicated and
+    /// empty at open.
+    pub(super) floors: std::collections::HashMap<Vec<u8>, Vec<u8>>,
 }
 
 impl<E: Engine> std::fmt::Debug for MvccStore<E> {
@@ -52,7 +56,13 @@ impl<E: Engine> MvccStore<E> {
             compact_physical = physical,
             "mvcc store opened"
         );
-        Ok(Self { engine, revision: revs.current, compacted: revs.compacted, physical })
+        Ok(Self {
+            engine,
+            revision: revs.current,
+            compacted: revs.compacted,
+            physical,
+            floors: Default::default(),
+        })
     }
 
     /// Re-reads the revision counters, after the engine's contents were replaced underneath

@@ -14,8 +14,11 @@
 //! A claim may first tidy what blocks it: a claim past its visibility deadline is deleted (its
 //! job is then claimable) and a job that used its attempts is dead-lettered, each its own
 //! revision, at most [`MAX_FIXES`] per command so one command's work stays bounded.
-
-use std::collections::HashMap;
+//!
+//! A claim's work is proportional to the jobs it passes (in flight or delayed ahead of the
+//! first ready one), not to the queue's history: the index is scanned from a scan floor
+//! (`ApplyBatch::scan_floor`) past the entries of finished jobs, each passed entry's claim is
+//! one point read, and a retried request id is looked up among the lease's own keys.
 
 use picket_proto::etcdserverpb::response_op::Response as OpResp;
 use picket_proto::etcdserverpb::{RangeRequest, TxnRequest, TxnResponse};
@@ -37,7 +40,7 @@ use crate::mvcc::{ApplyBatch, LeaseLookup, MvccError};
 use crate::storage::engine::Engine;
 
 /// Index entries read per page while looking for a claimable job.
-const CLAIM_PAGE: i64 = 128;
+const CLAIM_PAGE: usize = 128;
 /// Pages one claim reads at most: bounds apply's work when the head of the index is all in
 /// flight or delayed (the claimer then waits for a change, as for an empty queue).
 const CLAIM_PAGES: usize = 64;
@@ -139,89 +142,66 @@ fn claim<E: Engine>(
     if !leases.exists(op.lease) {
         return Err(MvccError::LeaseNotFound(op.lease).into());
     }
+    if !op.request_id.is_empty() {
+        if let Some(job) = resume(b, queue, op)? {
+            return Ok(Outcome::Claimed(job));
+        }
+    }
     let mut fixes = 0;
     let mut wake: Option<u64> = None;
     let mut note = |t: u64| wake = Some(wake.map_or(t, |w: u64| w.min(t)));
 
-    // The live claims, by job id (as many as jobs in flight).
-    let prefix = keys::claim_prefix(queue);
-    let end = prefix_end(&prefix);
-    let mut claims: HashMap<String, KeyValue> = HashMap::new();
-    for kv in
-        b.range(&RangeRequest { key: prefix.clone(), range_end: end, ..Default::default() })?.kvs
-    {
-        if let Some(id) = keys::id_after(&prefix, &kv.key) {
-            claims.insert(id, kv);
-        }
-    }
-    // In key order, so every member reaps the same claims first.
-    let mut ids: Vec<&String> = claims.keys().collect();
-    ids.sort();
-    let mut reaped = Vec::new();
-    for id in ids {
-        let kv = &claims[id];
-        let rec: QueueClaimRecord = decode(kv)?;
-        if !op.request_id.is_empty() && rec.request_id == op.request_id && kv.lease == op.lease {
-            // A retry of a Claim that was applied but whose answer was lost: the same job.
-            let job = job(b, queue, id)?;
-            return Ok(Outcome::Claimed(ClaimedJob {
-                job_id: id.clone(),
-                payload: job.payload,
-                attempt: rec.attempt,
-                token: kv.create_revision,
-                priority: job.priority,
-                max_attempts: job.max_attempts.max(1),
-                deadline_ms: rec.deadline_ms,
-            }));
-        }
-        if rec.deadline_ms == 0 {
-            continue;
-        }
-        if rec.deadline_ms > now_ms {
-            note(rec.deadline_ms);
-        } else if fixes < MAX_FIXES {
-            // Past its visibility deadline: the job is claimable again (a takeover; the old
-            // token is refused from this revision on).
-            run(b, leases, &kv.key, txns::reap(queue, id, kv.mod_revision))?;
-            reaped.push(id.clone());
-            fixes += 1;
-        } else {
-            note(now_ms);
-        }
-    }
-    for id in reaped {
-        claims.remove(&id);
-    }
-
+    // The claim-order index, live entries only, from the scan floor: the index of a busy queue
+    // is mostly deleted entries (every finished job leaves its history until a compaction), and
+    // a scan from the prefix would pass all of them on every claim.
     let prefix = keys::pending_prefix(queue);
     let end = prefix_end(&prefix);
-    let mut start = prefix.clone();
+    let mut start = b.scan_floor(&prefix).unwrap_or_else(|| prefix.clone());
+    let mut first_live: Option<Vec<u8>> = None;
     for _ in 0..CLAIM_PAGES {
-        let page = b.range(&RangeRequest {
-            key: start.clone(),
-            range_end: end.clone(),
-            limit: CLAIM_PAGE,
-            ..Default::default()
-        })?;
+        let page = b.live(&start, &end, CLAIM_PAGE)?;
+        if first_live.is_none() {
+            // Nothing live below here: the next scan may start at the first live key (or, with
+            // none, at the end, until a put lowers the floor again).
+            let floor = page.first().map_or_else(|| end.clone(), |kv| kv.key.clone());
+            b.set_scan_floor(&prefix, floor.clone());
+            first_live = Some(floor);
+        }
         // A full page may have more after it; a short one read to the end of the index.
-        let mut next =
-            (page.kvs.len() as i64 >= CLAIM_PAGE).then(|| page.kvs.last()).flatten().map(|kv| {
-                let mut k = kv.key.clone();
-                k.push(0);
-                k
-            });
-        for kv in &page.kvs {
+        let mut next = (page.len() >= CLAIM_PAGE).then(|| page.last()).flatten().map(|kv| {
+            let mut k = kv.key.clone();
+            k.push(0);
+            k
+        });
+        for kv in &page {
             let Some(pk) = keys::parse_pending_key(queue, &kv.key) else { continue };
-            if claims.contains_key(&pk.id) {
-                continue;
-            }
             if pk.ready_at_ms > now_ms {
                 // The rest of this priority band is later still: skip to the next band.
                 note(pk.ready_at_ms);
                 next = Some(prefix_end(&keys::band_prefix(queue, pk.priority)));
                 break;
             }
-            let rec: QueuePendingRecord = decode(kv)?;
+            if let Some(claim) = get(b, keys::claim_key(queue, &pk.id))? {
+                let rec: QueueClaimRecord = decode(&claim)?;
+                if rec.deadline_ms == 0 {
+                    continue;
+                }
+                if rec.deadline_ms > now_ms {
+                    note(rec.deadline_ms);
+                    continue;
+                }
+                if fixes >= MAX_FIXES {
+                    note(now_ms);
+                    continue;
+                }
+                // Past its visibility deadline: the job is claimable again (a takeover; the old
+                // token is refused from this revision on).
+                run(b, leases, &claim.key, txns::reap(queue, &pk.id, claim.mod_revision))?;
+                fixes += 1;
+            }
+            // The entry as it is now (a reap does not touch it, but read what the Txn compares).
+            let Some(kv) = get(b, kv.key.clone())? else { continue };
+            let rec: QueuePendingRecord = decode(&kv)?;
             let max = rec.max_attempts.max(1);
             if rec.attempts >= max {
                 if fixes >= MAX_FIXES {
@@ -283,6 +263,36 @@ fn claim<E: Engine>(
         }
     }
     Ok(Outcome::Empty(QueueEmpty { revision: b.revision(), wake_at_ms: wake.unwrap_or(0) }))
+}
+
+/// A retry of a Claim that was applied but whose answer was lost: the claim this lease holds in
+/// this queue with the same request id, found among the keys attached to the lease (a worker's
+/// lease holds few), not by scanning the queue's claims.
+fn resume<E: Engine>(
+    b: &ApplyBatch<'_, E>,
+    queue: &str,
+    op: &QueueClaimOp,
+) -> Result<Option<ClaimedJob>, Failed> {
+    let prefix = keys::claim_prefix(queue);
+    for key in b.lease_keys(op.lease)? {
+        let Some(id) = keys::id_after(&prefix, &key) else { continue };
+        let Some(kv) = get(b, key)? else { continue };
+        let rec: QueueClaimRecord = decode(&kv)?;
+        if rec.request_id != op.request_id {
+            continue;
+        }
+        let job = job(b, queue, &id)?;
+        return Ok(Some(ClaimedJob {
+            job_id: id,
+            payload: job.payload,
+            attempt: rec.attempt,
+            token: kv.create_revision,
+            priority: job.priority,
+            max_attempts: job.max_attempts.max(1),
+            deadline_ms: rec.deadline_ms,
+        }));
+    }
+    Ok(None)
 }
 
 fn ack<E: Engine>(

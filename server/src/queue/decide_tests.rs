@@ -221,3 +221,50 @@ fn a_command_without_an_op_is_refused_the_same_everywhere() {
     let cmd = QueueCommand { queue: Q.into(), now_ms: 0, op: None };
     assert!(matches!(s.one(cmd), Ok(Outcome::Corrupt(_))));
 }
+
+#[test]
+fn claims_scan_from_the_floor_and_a_job_put_below_it_is_still_found() {
+    let mut s = State::new();
+    // A busy queue: many finished jobs leave their index entries' history behind.
+    for i in 0..50 {
+        let id = format!("old{i:02}");
+        s.enqueue(&id, 10 + i, 5);
+        let j = claimed(s.one(claim(1, 1_000)));
+        assert_eq!(j.job_id, id);
+        assert!(matches!(s.one(ack(&id, j.token)), Ok(Outcome::Acked(_))));
+    }
+    s.enqueue("late", 900, 5);
+    // The last claim's scan found nothing live before the floor it set; the next one starts
+    // there (past every finished job) and still sees the live entry.
+    assert_eq!(claimed(s.one(claim(1, 1_000))).job_id, "late");
+    let prefix = keys::pending_prefix(Q);
+    let floor = s.store.begin_apply().scan_floor(&prefix).expect("a floor after a claim");
+    assert!(floor > keys::pending_key(Q, 0, 59, "old49"), "past the finished jobs");
+    // Entries put below the floor afterwards: an earlier ready time and a higher priority. A
+    // claim from the floor without the put's lowering would miss both.
+    s.enqueue("early", 5, 5);
+    let hi = QueueJobRecord {
+        payload: b"hi".to_vec(),
+        priority: 7,
+        max_attempts: 5,
+        ..Default::default()
+    };
+    let mut b = s.store.begin_apply();
+    assert!(b.txn(&txns::enqueue(Q, "hi", &hi, 2_000, None), &s.leases).unwrap().succeeded);
+    b.commit(false).unwrap();
+    let floor_now = s.store.begin_apply().scan_floor(&prefix).unwrap();
+    assert_eq!(floor_now, keys::pending_key(Q, 7, 2_000, "hi"));
+    // Priority first: "hi" is not ready until 2,000; "early" is.
+    assert_eq!(claimed(s.one(claim(1, 1_000))).job_id, "early");
+    assert_eq!(claimed(s.one(claim(1, 2_000))).job_id, "hi");
+}
+
+#[test]
+fn an_empty_queue_floors_at_its_end_and_the_next_enqueue_lowers_it() {
+    let mut s = State::new();
+    assert!(matches!(s.one(claim(1, 10)), Ok(Outcome::Empty(_))));
+    let prefix = keys::pending_prefix(Q);
+    assert_eq!(s.store.begin_apply().scan_floor(&prefix), Some(prefix_end(&prefix)));
+    s.enqueue("a", 0, 5);
+    assert_eq!(claimed(s.one(claim(1, 10))).job_id, "a");
+}
