@@ -5,10 +5,12 @@
 # each run with the members' summed RSS, then every `built snapshot` line of the members' logs
 # and the data dir's size. EXTRA_ARGS adds picketd flags (e.g. "--snapshot-count 100000" for the
 # A/B without snapshots). Everything lives in a temp dir removed at the end; the members are
-# killed by PID on exit. Usage: EXTRA_ARGS=... scripts/bench-mixed.sh
+# killed by PID on exit. PICKETD_BIN runs another picketd build (e.g. a copy of an older
+# commit's) for before/after. Usage: EXTRA_ARGS=... [PICKETD_BIN=...] scripts/bench-mixed.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${CARGO_TARGET_DIR:-target}/release"
+picketd="${PICKETD_BIN:-$bin/picketd}"
 root=$(mktemp -d /tmp/picket-mixed.XXXXXX)
 pids=()
 cleanup() {
@@ -22,7 +24,7 @@ cluster=""
 for i in 1 2 3; do cluster+="${cluster:+,}n$i=http://127.0.0.1:$((base + 10 * i + 1))"; done
 for i in 1 2 3; do
   c=$((base + 10 * i)); p=$((base + 10 * i + 1))
-  "$bin/picketd" --name n$i --data-dir "$root/n$i" --listen-client-urls http://127.0.0.1:$c \
+  "$picketd" --name n$i --data-dir "$root/n$i" --listen-client-urls http://127.0.0.1:$c \
     --advertise-client-urls http://127.0.0.1:$c --listen-peer-urls http://127.0.0.1:$p \
     --initial-advertise-peer-urls http://127.0.0.1:$p --initial-cluster "$cluster" \
     --initial-cluster-state new ${EXTRA_ARGS:-} 2>"$root/n$i.log" &

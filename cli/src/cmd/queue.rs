@@ -335,7 +335,10 @@ async fn bench_worker(
     cycles: usize,
 ) -> Result<Vec<Duration>> {
     let q = client.queue(queue);
-    let lease = client.lease_grant(60, 0).await?.id;
+    // A session keeps the worker's lease alive however long the run takes (a plain 60 s lease
+    // ended a long run's claims under it), and revokes it at the end.
+    let session = picket_client::Session::new(&client, 60).await?;
+    let lease = session.lease_id();
     let mut lat = Vec::with_capacity(cycles);
     for _ in 0..cycles {
         let t = std::time::Instant::now();
@@ -347,7 +350,7 @@ async fn bench_worker(
         job.ack().await?;
         lat.push(t.elapsed());
     }
-    let _ = client.lease_revoke(lease).await;
+    let _ = session.close().await;
     Ok(lat)
 }
 
