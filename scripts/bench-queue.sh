@@ -219,39 +219,4 @@ for r in $(seq "$rounds"); do
 done
 echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 # Medians over the rounds with their spread, and Picket/RabbitMQ ratios of the medians.
-[ -s "$results" ] && python3 - "$results" <<'PY'
-import re, statistics, sys
-runs = {}
-for row in open(sys.argv[1]):
-    rnd, name, kind, line, rss = (row.rstrip("\n").split("\t") + [""])[:5]
-    m = {k: v for k, v in re.findall(r"([\w/]+)=([\d.]+)", line)}
-    if "ops/s" not in m:
-        continue
-    r = runs.setdefault(name, {}).setdefault(
-        kind, {"ops": [], "p50": [], "p99": [], "rss": [], "cpu": [], "busy": [], "errors": 0})
-    r["errors"] += int(float(m.get("errors", 0)))
-    r["ops"].append(float(m["ops/s"]))
-    r["p50"].append(float(m["p50"]))
-    r["p99"].append(float(m["p99"]))
-    if rss and int(rss) > 0:
-        r["rss"].append(int(rss) / 1024)
-    if "server_cpu_us_per_op" in m:
-        r["cpu"].append(float(m["server_cpu_us_per_op"]))
-    if "host_busy_pct" in m:
-        r["busy"].append(float(m["host_busy_pct"]))
-med = lambda xs: statistics.median(xs) if xs else float("nan")
-spread = lambda xs: f"{med(xs):,.0f} ({min(xs):,.0f}-{max(xs):,.0f})"
-print("| workers | rounds | Picket cycles/s (min-max) | RabbitMQ cycles/s (min-max) | ratio | "
-      "Picket p50 / p99 ms | RabbitMQ p50 / p99 ms | server CPU us/cycle Picket / RabbitMQ | "
-      "machine busy % Picket / RabbitMQ | RSS MiB Picket / RabbitMQ | errors Picket / RabbitMQ |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
-for name, kinds in runs.items():
-    p, q = kinds.get("picket"), kinds.get("rabbitmq")
-    if not p or not q:
-        continue
-    pair = lambda k: f"{med(p[k]):.0f} / {med(q[k]):.0f}" if p[k] and q[k] else ""
-    print(f"| {name.split('-')[1]} | {len(p['ops'])} | {spread(p['ops'])} | {spread(q['ops'])} | "
-          f"{med(p['ops']) / med(q['ops']):.2f} | {med(p['p50']):.2f} / {med(p['p99']):.2f} | "
-          f"{med(q['p50']):.2f} / {med(q['p99']):.2f} | {pair('cpu')} | {pair('busy')} | "
-          f"{pair('rss')} | {p['errors']} / {q['errors']} |")
-PY
+[ -s "$results" ] && python3 scripts/bench_summary.py "$results" rabbitmq RabbitMQ cycles

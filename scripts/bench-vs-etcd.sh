@@ -164,41 +164,5 @@ for r in $(seq "$rounds"); do
   done
 done
 echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
-# Medians over the rounds, and Picket/etcd ratios of the medians.
-[ -s "$results" ] && python3 - "$results" <<'PY'
-import re, statistics, sys
-runs = {}
-for row in open(sys.argv[1]):
-    rnd, name, kind, line, rss = (row.rstrip("\n").split("\t") + [""])[:5]
-    m = {k: v for k, v in re.findall(r"([\w/]+)=([\d.]+)", line)}
-    if "ops/s" not in m:
-        continue
-    r = runs.setdefault(name, {}).setdefault(
-        kind, {"ops": [], "p50": [], "p99": [], "rss": [], "cpu": [], "busy": [], "errors": 0})
-    r["errors"] += int(float(m.get("errors", 0)))
-    r["ops"].append(float(m["ops/s"]))
-    r["p50"].append(float(m["p50"]))
-    r["p99"].append(float(m["p99"]))
-    if rss:
-        r["rss"].append(int(rss) / 1024)
-    if "server_cpu_us_per_op" in m:
-        r["cpu"].append(float(m["server_cpu_us_per_op"]))
-    if "host_busy_pct" in m:
-        r["busy"].append(float(m["host_busy_pct"]))
-med = lambda xs: statistics.median(xs) if xs else float("nan")
-print("| workload | rounds | Picket ops/s | etcd ops/s | ratio | Picket p50 / p99 ms | etcd p50 / p99 ms | p99 ratio | server CPU us/op Picket / etcd | machine busy % Picket / etcd | RSS MiB Picket / etcd | errors Picket / etcd |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-for name, kinds in runs.items():
-    p, e = kinds.get("picket"), kinds.get("etcd")
-    if not p or not e:
-        continue
-    rss = ""
-    if p["rss"] and e["rss"]:
-        rss = f"{med(p['rss']):.0f} / {med(e['rss']):.0f}"
-    pair = lambda k: f"{med(p[k]):.0f} / {med(e[k]):.0f}" if p[k] and e[k] else ""
-    print(f"| {name} | {len(p['ops'])} | {med(p['ops']):,.0f} | {med(e['ops']):,.0f} | "
-          f"{med(p['ops']) / med(e['ops']):.2f} | {med(p['p50']):.2f} / {med(p['p99']):.2f} | "
-          f"{med(e['p50']):.2f} / {med(e['p99']):.2f} | {med(p['p99']) / med(e['p99']):.2f} | "
-          f"{pair('cpu')} | {pair('busy')} | {rss} | "
-          f"{p['errors']} / {e['errors']} |")
-PY
+# Medians over the rounds with their spread, and Picket/etcd ratios of the medians.
+[ -s "$results" ] && python3 scripts/bench_summary.py "$results" etcd etcd ops
