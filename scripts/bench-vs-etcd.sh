@@ -78,7 +78,7 @@ for ep in $(eps $PB | tr , ' ') $(eps $EB | tr , ' '); do
     ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
     sleep 0.5
   done
-  [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -20 "$root"/*-n*.log >&2; exit 1; }
+  [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$root"/*-n*.log >&2; exit 1; }
 done
 # True when the workload is selected (BENCH_ONLY unset or naming it, or naming its family:
 # "put" selects put-1 and put-64).
