@@ -171,21 +171,8 @@ for ep in ${picket_eps//,/ }; do
   [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$root"/picket-n*.log >&2; exit 1; }
 done
 
-# Peak of the summed VmRSS (KiB) of the given PIDs, sampled every 0.5 s until killed; the
-# result goes to file $1. Bounded by the caller, which kills it when its run ends.
-sample_rss() { # out pid...
-  local out=$1 peak=0 total p kb
-  shift
-  while true; do
-    total=0
-    for p in "$@"; do
-      kb=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
-      total=$((total + ${kb:-0}))
-    done
-    [ "$total" -gt "$peak" ] && peak=$total && echo "$peak" >"$out"
-    sleep 0.5
-  done
-}
+# sample_rss: the members' peak summed RSS while a run lasts.
+. scripts/bench-lib.sh
 run() { # kind workers
   local kind=$1 n=$2 line rss_pid rss p args
   if [ "$kind" = picket ]; then

@@ -86,21 +86,8 @@ want() {
   [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]] \
     || { [[ "$1" == put-* ]] && [[ " $BENCH_ONLY " == *" put "* ]]; }
 }
-# Peak of the summed VmRSS (KiB) of the given PIDs, sampled every 0.5 s until killed; the
-# result goes to file $1. Bounded by the caller, which kills it when its workload ends.
-sample_rss() { # out pid...
-  local out=$1 peak=0 total p kb
-  shift
-  while true; do
-    total=0
-    for p in "$@"; do
-      kb=$(awk '/^VmRSS:/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)
-      total=$((total + ${kb:-0}))
-    done
-    [ "$total" -gt "$peak" ] && peak=$total && echo "$peak" >"$out"
-    sleep 0.5
-  done
-}
+# sample_rss: the members' peak summed RSS while a run lasts.
+. scripts/bench-lib.sh
 run() { # name workload clients conns [rss]
   want "$1" || return 0
   local kind base line rss_pid rss
