@@ -15,7 +15,7 @@ use prost::Message;
 
 use super::engine::Cf;
 use super::rocks::RocksEngine;
-use super::snapshot::SnapshotFiles;
+use super::snapshot::{SnapshotError, SnapshotFiles};
 use crate::lease::LeaseTable;
 use crate::mvcc::{MvccReader, MvccStore};
 use crate::raft::types::{LogId, StoredMembership};
@@ -74,22 +74,30 @@ pub(super) struct Inner {
     pub(super) membership: StoredMembership,
 }
 
+/// The last applied log id and the membership recorded in the meta column family, read with
+/// `get` (the live database at open, or one snapshot's view of it).
+pub(super) fn raft_progress(
+    get: impl Fn(&[u8]) -> Result<Option<Vec<u8>>, rocksdb::Error>,
+) -> Result<(Option<LogId>, StoredMembership), SnapshotError> {
+    let last_applied = match get(KEY_APPLIED)? {
+        Some(b) => postcard::from_bytes(&b)?,
+        None => None,
+    };
+    let membership = match get(KEY_MEMBERSHIP)? {
+        Some(b) => postcard::from_bytes(&b)?,
+        None => StoredMembership::default(),
+    };
+    Ok((last_applied, membership))
+}
+
 impl Inner {
     /// Loads the applied state from the engine (at open, and after a snapshot install rewrote
     /// it). An error means the store cannot be read or decoded: the member must stop.
     pub(super) fn load(engine: &RocksEngine) -> Result<Self, String> {
         let store = MvccStore::open(engine.clone()).map_err(|e| e.to_string())?;
-        let read = |key: &[u8]| {
-            engine.db().get_cf(engine.cf_handle(Cf::Meta), key).map_err(|e| e.to_string())
-        };
-        let last_applied = match read(KEY_APPLIED)? {
-            Some(b) => postcard::from_bytes(&b).map_err(|e| e.to_string())?,
-            None => None,
-        };
-        let membership = match read(KEY_MEMBERSHIP)? {
-            Some(b) => postcard::from_bytes(&b).map_err(|e| e.to_string())?,
-            None => StoredMembership::default(),
-        };
+        let meta = engine.cf_handle(Cf::Meta);
+        let (last_applied, membership) =
+            raft_progress(|key| engine.db().get_cf(meta, key)).map_err(|e| e.to_string())?;
         let mut records = Vec::new();
         for item in
             engine.db().iterator_cf(engine.cf_handle(Cf::Lease), rocksdb::IteratorMode::Start)

@@ -14,9 +14,8 @@
 //! as it goes, so a member holds no copy of the store in memory to build one. (Before issue 20
 //! every member serialized the whole store into one `Vec` every `--snapshot-count` entries: 80
 //! to 220 MB at a time under the mixed benchmark, with the members' RSS growing by that much
-//! each time.) The file is read back whole only to send it to a follower that needs it or to
-//! install one received (openraft 0.9's `Cursor<Vec<u8>>` snapshot data); streaming those too
-//! is future work.
+//! each time.) openraft sends and receives the file as it is (`raft::snapshot_data`); only
+//! installing a received one reads its blob into memory, as the install is one atomic batch.
 
 use std::fs;
 use std::io::{BufWriter, Read, Write};
@@ -226,22 +225,28 @@ impl SnapshotFiles {
 
     /// Saves a snapshot of the store as `view` sees it, the blob streamed from the view into
     /// the file ([`write_blob`]): the same file [`Self::save`] writes for that blob, durable the
-    /// same way, with no copy of the store in memory. Returns the blob's length.
+    /// same way, with no copy of the store in memory. Returns the blob's length and the file
+    /// opened for reading with the offset of the blob in it (not verified again: it was hashed
+    /// as it was written).
     pub fn save_from(
         &self,
         meta: &SnapshotMeta,
         db: &DB,
         view: &View<'_>,
-    ) -> Result<u64, SnapshotError> {
+    ) -> Result<(u64, fs::File, u64), SnapshotError> {
         let meta_bytes = postcard::to_allocvec(meta)?;
-        write_durably(&self.dir, "current.snap", |f| {
+        let n = write_durably(&self.dir, "current.snap", |f| {
             // Large writes: the blob is written in 1 MiB pieces, not record by record.
             let mut w = BufWriter::with_capacity(1 << 20, f);
             write_chunk(&mut w, &meta_bytes)?;
             let n = write_blob(db, view, &mut w)?;
             w.flush()?;
             Ok(n)
-        })
+        })?;
+        // Only the caller writes this file meanwhile (openraft builds and installs one snapshot
+        // at a time), so what opens is what was just written.
+        let file = fs::File::open(self.dir.join("current.snap"))?;
+        Ok((n, file, 4 + meta_bytes.len() as u64))
     }
 
     /// The newest snapshot on disk, its checksum verified by reading it through once (nothing of

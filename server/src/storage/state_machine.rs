@@ -31,7 +31,7 @@ use crate::storage::snapshot::{self, SnapshotFiles};
 pub(super) use super::shared::Inner;
 pub use super::shared::{FeedItem, RevisionEvents, Shared};
 
-use super::shared::{KEY_APPLIED, KEY_MEMBERSHIP};
+use super::shared::{raft_progress, KEY_APPLIED, KEY_MEMBERSHIP};
 
 /// The `Cf::Meta` keys that record Raft progress rather than data: a snapshot restored into a
 /// new cluster (`crate::restore`) drops them, because they name log ids and members of the
@@ -251,21 +251,18 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
         // Building reads the whole store and writes it to the snapshot file: keep it off the
         // async runtime's worker threads.
-        let (meta, bytes, found) = tokio::task::spawn_blocking(move || {
+        let (meta, (bytes, file, base)) = tokio::task::spawn_blocking(move || {
             let db = shared.engine.db();
             let view = db.snapshot();
-            let meta = snapshot_meta(db, &view, seq)?;
-            let bytes = shared.snapshots.save_from(&meta, db, &view)?;
-            Ok::<_, snapshot::SnapshotError>((meta, bytes, shared.snapshots.open()?))
+            let meta = snapshot_meta(&shared.engine, &view, seq)?;
+            let saved = shared.snapshots.save_from(&meta, db, &view)?;
+            Ok::<_, snapshot::SnapshotError>((meta, saved))
         })
         .await
         .map_err(snap_err)?
         .map_err(snap_err)?;
         tracing::info!(log_index = meta.last_log_id.map(|l| l.index), bytes, "built snapshot");
-        // The data is the file just written, not a copy in memory. Only this task writes the
-        // snapshot file meanwhile (openraft builds and installs one at a time), so it is ours.
-        let (_, file, base) = found
-            .ok_or_else(|| snap_err("the snapshot file vanished right after it was written"))?;
+        // The data is the file just written, not a copy in memory.
         let data = SnapshotData::new(file, base).map_err(snap_err)?;
         Ok(Snapshot { meta, snapshot: Box::new(data) })
     }
@@ -274,21 +271,12 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
 /// The metadata of a snapshot of `view`: which entry it covers and the membership then, read
 /// from the view's own meta column family, so they describe exactly the cut.
 fn snapshot_meta(
-    db: &rocksdb::DB,
+    engine: &RocksEngine,
     view: &snapshot::View<'_>,
     seq: u64,
 ) -> Result<SnapshotMeta, snapshot::SnapshotError> {
-    let meta_cf = db
-        .cf_handle(Cf::Meta.name())
-        .ok_or(snapshot::SnapshotError::Malformed("column family missing"))?;
-    let last_log_id: Option<LogId> = match view.get_cf(meta_cf, KEY_APPLIED)? {
-        Some(v) => postcard::from_bytes(&v)?,
-        None => None,
-    };
-    let last_membership: StoredMembership = match view.get_cf(meta_cf, KEY_MEMBERSHIP)? {
-        Some(v) => postcard::from_bytes(&v)?,
-        None => StoredMembership::default(),
-    };
+    let meta_cf = engine.cf_handle(Cf::Meta);
+    let (last_log_id, last_membership) = raft_progress(|key| view.get_cf(meta_cf, key))?;
     let snapshot_id = match last_log_id {
         Some(l) => format!("{}-{}-{}", l.leader_id, l.index, seq),
         None => format!("--{seq}"),
