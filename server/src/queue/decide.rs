@@ -157,15 +157,13 @@ fn claim<E: Engine>(
     let prefix = keys::pending_prefix(queue);
     let end = prefix_end(&prefix);
     let mut start = b.scan_floor(&prefix).unwrap_or_else(|| prefix.clone());
-    let mut first_live: Option<Vec<u8>> = None;
-    for _ in 0..CLAIM_PAGES {
+    for page_no in 0..CLAIM_PAGES {
         let page = b.live(&start, &end, CLAIM_PAGE)?;
-        if first_live.is_none() {
+        if page_no == 0 {
             // Nothing live below here: the next scan may start at the first live key (or, with
             // none, at the end, until a put lowers the floor again).
             let floor = page.first().map_or_else(|| end.clone(), |kv| kv.key.clone());
-            b.set_scan_floor(&prefix, floor.clone());
-            first_live = Some(floor);
+            b.set_scan_floor(&prefix, floor);
         }
         // A full page may have more after it; a short one read to the end of the index.
         let mut next = (page.len() >= CLAIM_PAGE).then(|| page.last()).flatten().map(|kv| {
@@ -199,9 +197,9 @@ fn claim<E: Engine>(
                 run(b, leases, &claim.key, txns::reap(queue, &pk.id, claim.mod_revision))?;
                 fixes += 1;
             }
-            // The entry as it is now (a reap does not touch it, but read what the Txn compares).
-            let Some(kv) = get(b, kv.key.clone())? else { continue };
-            let rec: QueuePendingRecord = decode(&kv)?;
+            // The entry as the page read it: nothing in this command wrote it since (a reap
+            // deletes only the claim key), so no second read.
+            let rec: QueuePendingRecord = decode(kv)?;
             let max = rec.max_attempts.max(1);
             if rec.attempts >= max {
                 if fixes >= MAX_FIXES {
