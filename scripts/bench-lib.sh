@@ -16,3 +16,19 @@ sample_rss() { # out pid...
     sleep 0.5
   done
 }
+
+# The common start of a side-by-side run: installs only what is missing (setup-deps starts and
+# stops no service); builds the release binaries with the command CI uses (so feature
+# unification and the RocksDB build are shared with it) unless BENCH_NO_BUILD=1 (use the
+# binaries already built, e.g. while other work changes the tree); and sets `bin`, `picketd`
+# (PICKETD_BIN runs another build, e.g. a copy of an older commit's, for before/after), `root`
+# (a new temp dir named after $1), `pids` and `results`.
+bench_prelude() { # temp-dir-name
+  scripts/setup-deps.sh
+  [ -n "${BENCH_NO_BUILD:-}" ] || cargo build --workspace --release
+  bin="${CARGO_TARGET_DIR:-target}/release"
+  picketd="${PICKETD_BIN:-$bin/picketd}"
+  root=$(mktemp -d "/tmp/$1.XXXXXX")
+  pids=()
+  results="$root/results.tsv"
+}

@@ -30,16 +30,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-10}"
 rounds="${2:-1}"
-# Installs only what is missing; it starts and stops no service.
-scripts/setup-deps.sh
-[ -n "${BENCH_NO_BUILD:-}" ] || cargo build --workspace --release
-bin="${CARGO_TARGET_DIR:-target}/release"
-picketd="${PICKETD_BIN:-$bin/picketd}"
+# bench_prelude (setup, build, bin, picketd, root, pids, results) and sample_rss.
+. scripts/bench-lib.sh
+bench_prelude picket-bench-queue
 bench="${BENCH_BIN:-$bin/picket-bench}"
 rmq_bin="${RABBITMQ_BIN_DIR:-/usr/lib/rabbitmq/bin}"
-root=$(mktemp -d /tmp/picket-bench-queue.XXXXXX)
-pids=()
-results="$root/results.tsv"
 # Kills process $1 after its descendants, found by parent PID (never by name): a rabbitmq-server
 # shell is its beam.smp's parent, and beam.smp is erl_child_setup's. Killing the shell alone
 # would leave beam.smp running, adopted by init.
@@ -171,8 +166,6 @@ for ep in ${picket_eps//,/ }; do
   [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$root"/picket-n*.log >&2; exit 1; }
 done
 
-# sample_rss: the members' peak summed RSS while a run lasts.
-. scripts/bench-lib.sh
 run() { # kind workers
   local kind=$1 n=$2 line rss_pid rss p args
   if [ "$kind" = picket ]; then

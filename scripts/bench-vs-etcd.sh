@@ -18,17 +18,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-10}"
 rounds="${2:-1}"
-# Installs only what is missing; it starts and stops no service.
-scripts/setup-deps.sh
-# The same command CI uses, so feature unification (and the RocksDB build) is shared with it.
-# BENCH_NO_BUILD=1 uses the binaries already built (e.g. while other work is changing the tree).
-[ -n "${BENCH_NO_BUILD:-}" ] || cargo build --workspace --release
-bin="${CARGO_TARGET_DIR:-target}/release"
-# PICKETD_BIN runs another picketd build (e.g. a copy of an older commit's) for before/after.
-picketd="${PICKETD_BIN:-$bin/picketd}"
-root=$(mktemp -d /tmp/picket-bench.XXXXXX)
-pids=()
-results="$root/results.tsv"
+# bench_prelude (setup, build, bin, picketd, root, pids, results) and sample_rss.
+. scripts/bench-lib.sh
+bench_prelude picket-bench
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
@@ -86,8 +78,6 @@ want() {
   [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]] \
     || { [[ "$1" == put-* ]] && [[ " $BENCH_ONLY " == *" put "* ]]; }
 }
-# sample_rss: the members' peak summed RSS while a run lasts.
-. scripts/bench-lib.sh
 run() { # name workload clients conns [rss]
   want "$1" || return 0
   local kind base line rss_pid rss
