@@ -42,7 +42,7 @@ use crate::raft::identity::{self, IdentityError};
 use crate::raft::membership::ClusterControl;
 use crate::raft::network::Network;
 use crate::raft::proposer::Proposer;
-use crate::raft::service::PeerService;
+use crate::raft::service::{PeerService, SnapshotReceiver};
 use crate::raft::transfer::{self, ShutdownTransfer};
 use crate::raft::types::{NodeId, Raft};
 use crate::storage::log_store::LogStore;
@@ -217,7 +217,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         Err(e) => return Err(corrupt(e.to_string())),
     };
     let metrics = Arc::new(Metrics::new(node_id)?);
-    let log_store = LogStore::new(engine.db().clone())
+    let log_store = LogStore::new(engine.db().clone())?
         .with_metrics(metrics.disk())
         .with_acked_record(acked.clone());
     let (last_index, vote_term) = log_store.recovered_position()?;
@@ -263,12 +263,14 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         stop.clone(),
     );
 
+    let snapshots =
+        Arc::new(SnapshotReceiver { receiver: Default::default(), shared: ctx.sm.clone() });
     for (l, https) in peer_listeners.into_iter().zip(tls::listener_tls(&cfg, Side::Peer)) {
         let relay = Arc::new(LeaseRelayTarget(ctx.clone()));
-        let svc =
-            RaftServiceServer::new(PeerService::new(proposer.clone(), relay, stop_rx.clone()))
-                .max_decoding_message_size(usize::MAX)
-                .max_encoding_message_size(usize::MAX);
+        let peer = PeerService::new(proposer.clone(), snapshots.clone(), relay, stop_rx.clone());
+        let svc = RaftServiceServer::new(peer)
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX);
         let mut stop_rx = stop_rx.clone();
         servers.spawn(
             peer_tls

@@ -14,8 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::storage::RaftStateMachine;
-use openraft::{CommittedLeaderId, EntryPayload, LogId};
+use openraft::EntryPayload;
 use picket_proto::etcdserverpb::{
     AuthUserAddRequest, AuthUserGrantRoleRequest, LeaseGrantRequest, RangeRequest, RangeResponse,
     TxnRequest, TxnResponse,
@@ -26,6 +25,7 @@ use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::{AuthCommand, AuthEnable, RaftCommand};
 use picket_server::auth::replicated::Judgement;
 use picket_server::concurrency::{contender_key, mutex, Backend, StoreError};
+use picket_server::raft::types::log_id;
 use picket_server::raft::types::{Command, Entry};
 use picket_server::storage::rocks::RocksEngine;
 use picket_server::storage::state_machine::{FeedItem, StateMachine};
@@ -64,10 +64,10 @@ impl Member {
         let mut g = self.sm.lock().await;
         g.1 += 1;
         let entry = Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), g.1),
+            log_id: log_id(1, 1, g.1),
             payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd) })),
         };
-        let mut out = g.0.apply([entry]).await.expect("apply");
+        let mut out = g.0.apply_entries(vec![entry]).expect("apply");
         out.pop().and_then(|a| a.0.result).expect("one result")
     }
 

@@ -14,8 +14,7 @@
 //! log entry would carry), are applied the same way, and the validation step the API runs before proposing
 //! never panics on any request.
 
-use openraft::storage::RaftStateMachine;
-use openraft::{CommittedLeaderId, EntryPayload, LogId};
+use openraft::EntryPayload;
 use picket_proto::etcdserverpb::compare::TargetUnion;
 use picket_proto::etcdserverpb::request_op::Request as Op;
 use picket_proto::etcdserverpb::{
@@ -29,6 +28,7 @@ use picket_proto::picket::raft::v1::{
 };
 use picket_server::mvcc::hash::hash_store;
 use picket_server::mvcc::validate;
+use picket_server::raft::types::log_id;
 use picket_server::raft::types::{Command, Entry};
 use picket_server::storage::rocks::RocksEngine;
 use picket_server::storage::state_machine::{FeedItem, StateMachine};
@@ -225,7 +225,7 @@ fn any_command() -> BoxedStrategy<Cmd> {
 
 fn entry(index: u64, cmd: Option<Cmd>) -> Entry {
     Entry {
-        log_id: LogId::new(CommittedLeaderId::new(1 + index % 3, 1), index),
+        log_id: log_id(1 + index % 3, 1, index),
         payload: EntryPayload::Normal(Command(RaftCommand { cmd })),
     }
 }
@@ -258,11 +258,12 @@ fn corrupt(cmd: Cmd, flips: &[(usize, u8)]) -> Option<Cmd> {
 fn run(cmds: Vec<Option<Cmd>>, reads: Vec<RangeRequest>) {
     let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
     rt.block_on(async {
-        let (_dir, mut sm) = open();
+        let (_dir, sm) = open();
         let mut last_rev = sm.shared().with_store(|s| s.revision());
         for (i, cmd) in cmds.into_iter().enumerate() {
-            let results =
-                sm.apply([entry(i as u64 + 1, cmd.clone())]).await.expect("apply must not fail");
+            let results = sm
+                .apply_entries(vec![entry(i as u64 + 1, cmd.clone())])
+                .expect("apply must not fail");
             assert_eq!(results.len(), 1);
             assert!(results[0].0.result.is_some(), "every command has a result");
             if let (Some(Cmd::Batch(b)), Some(CmdResult::Batch(r))) = (&cmd, &results[0].0.result) {
@@ -299,15 +300,15 @@ struct Outcome {
 fn apply_log(entries: Vec<Cmd>) -> Outcome {
     let rt = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
     rt.block_on(async {
-        let (_dir, mut sm) = open();
+        let (_dir, sm) = open();
         let mut rx = sm.shared().subscribe();
         let mut results = Vec::new();
         for (i, cmd) in entries.into_iter().enumerate() {
             let e = Entry {
-                log_id: LogId::new(CommittedLeaderId::new(2, 1), i as u64 + 1),
+                log_id: log_id(2, 1, i as u64 + 1),
                 payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd) })),
             };
-            let mut r = sm.apply([e]).await.expect("apply must not fail");
+            let mut r = sm.apply_entries(vec![e]).expect("apply must not fail");
             match r.pop().map(|a| a.0) {
                 Some(CommandResult { result: Some(CmdResult::Batch(b)) }) => {
                     results.extend(b.results)

@@ -3,19 +3,19 @@
 //! revokes; forwarded to the new leader (which renewed every lease when it took over) they
 //! would expire leases early. Apply compares the command's term with the entry's own term.
 
-use openraft::storage::RaftStateMachine;
-use openraft::{CommittedLeaderId, EntryPayload, LogId};
+use openraft::EntryPayload;
 use picket_proto::etcdserverpb::LeaseGrantRequest;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::{LeaseExpire, RaftCommand};
+use picket_server::raft::types::log_id;
 use picket_server::raft::types::{Command, Entry};
 use picket_server::storage::rocks::RocksEngine;
 use picket_server::storage::state_machine::StateMachine;
 
 fn entry(term: u64, index: u64, cmd: Cmd) -> Entry {
     Entry {
-        log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+        log_id: log_id(term, 1, index),
         payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd) })),
     }
 }
@@ -24,15 +24,14 @@ fn entry(term: u64, index: u64, cmd: Cmd) -> Entry {
 async fn expiry_from_an_earlier_term_is_ignored() {
     let dir = tempfile::TempDir::new().expect("temp dir");
     let engine = RocksEngine::open(dir.path().join("db")).expect("open rocksdb");
-    let mut sm = StateMachine::open(engine, dir.path().join("snapshots")).expect("open sm");
+    let sm = StateMachine::open(engine, dir.path().join("snapshots")).expect("open sm");
     let id = 7;
     let results = sm
-        .apply([
+        .apply_entries(vec![
             entry(1, 1, Cmd::LeaseGrant(LeaseGrantRequest { ttl: 5, id })),
             // Decided in term 1, appended by the term-2 leader: stale.
             entry(2, 2, Cmd::LeaseExpire(LeaseExpire { id, term: 1 })),
         ])
-        .await
         .expect("apply");
     match &results[1].0.result {
         Some(CmdResult::Error(e)) => {
@@ -46,8 +45,7 @@ async fn expiry_from_an_earlier_term_is_ignored() {
 
     // Decided by the current term's leader: the lease is revoked.
     let results = sm
-        .apply([entry(2, 3, Cmd::LeaseExpire(LeaseExpire { id, term: 2 }))])
-        .await
+        .apply_entries(vec![entry(2, 3, Cmd::LeaseExpire(LeaseExpire { id, term: 2 }))])
         .expect("apply");
     assert!(
         matches!(results[0].0.result, Some(CmdResult::LeaseRevoke(_))),

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
-use openraft::{CommittedLeaderId, EntryPayload, LogId};
+use openraft::EntryPayload;
 use picket_proto::etcdserverpb::range_request::SortOrder;
 use picket_proto::etcdserverpb::{
     LeaseGrantRequest, PutRequest, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
@@ -27,6 +27,7 @@ use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::RaftCommand;
 use picket_proto::v3electionpb::LeaderKey;
 use picket_server::concurrency::{contender_key, election, mutex, Backend, StoreError};
+use picket_server::raft::types::log_id;
 use picket_server::raft::types::{Command, Entry};
 use picket_server::storage::rocks::RocksEngine;
 use picket_server::storage::state_machine::{FeedItem, StateMachine};
@@ -87,14 +88,12 @@ impl TwoMembers {
         let mut m = self.members.lock().await;
         m.index += 1;
         let entry = Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), m.index),
+            log_id: log_id(1, 1, m.index),
             payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd) })),
         };
-        let mut ahead = m.ahead.clone();
-        let mut out = ahead.apply([entry.clone()]).await.expect("apply on ahead");
+        let mut out = m.ahead.apply_entries(vec![entry.clone()]).expect("apply on ahead");
         if !m.paused {
-            let mut lag = m.lag.clone();
-            out = lag.apply([entry]).await.expect("apply on lag");
+            out = m.lag.apply_entries(vec![entry]).expect("apply on lag");
         }
         out.pop().and_then(|a| a.0.result).expect("one result")
     }

@@ -9,6 +9,7 @@
 //! log entry; a step proposed when nothing is left (a step that rode on a write got there
 //! first) applies as a no-op.
 
+use openraft::async_runtime::WatchReceiver;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,7 +36,8 @@ pub async fn run(ctx: Arc<Ctx>, mut stop: tokio::sync::watch::Receiver<bool>) {
             _ = stop.wait_for(|s| *s) => return,
         }
         pause = IDLE_TICK;
-        let leads = ctx.proposer.raft().metrics().borrow().current_leader == Some(ctx.member_id);
+        let leads =
+            ctx.proposer.raft().metrics().borrow_watched().current_leader == Some(ctx.member_id);
         let (compacted, physical) =
             ctx.sm.with_store(|s| (s.compact_revision(), s.compact_physical()));
         if !leads || physical >= compacted {

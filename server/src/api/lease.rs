@@ -5,6 +5,7 @@
 //! the leader's [`LeaseClock`]; a follower relays them to the leader over the peer service, so a
 //! client may keep a lease alive through any member.
 
+use openraft::async_runtime::WatchReceiver;
 use std::collections::HashSet;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -75,7 +76,7 @@ impl LeaseLeader {
     fn sync_role(&self, ctx: &Ctx) -> Option<u64> {
         let term = {
             let metrics = ctx.proposer.raft().metrics();
-            let m = metrics.borrow();
+            let m = metrics.borrow_watched();
             (m.current_leader == Some(ctx.member_id)).then_some(m.current_term)
         };
         self.clock.lock().set_leader_term(term);

@@ -22,6 +22,7 @@ pub mod v3election;
 pub mod v3lock;
 pub mod watch;
 
+use openraft::async_runtime::WatchReceiver;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,7 +60,7 @@ impl Ctx {
             cluster_id: self.cluster_id,
             member_id: self.member_id,
             revision,
-            raft_term: self.proposer.raft().metrics().borrow().current_term,
+            raft_term: self.proposer.raft().metrics().borrow_watched().current_term,
         }
     }
 

@@ -1,6 +1,7 @@
 //! Raft gauges, fed from openraft's metrics watch channel: every change of term, leader or log
 //! index is published there, so following it costs nothing while the cluster is idle.
 
+use openraft::async_runtime::WatchReceiver;
 use std::sync::Arc;
 
 use tokio::sync::watch;

@@ -13,7 +13,7 @@ use openraft::error::{InitializeError, RaftError};
 use openraft::SnapshotPolicy;
 use sha2::{Digest, Sha256};
 
-use super::types::{Member, NodeId, Raft};
+use super::types::{Member, NodeId, Raft, TypeConfig};
 use crate::config::{Config, InitialMember};
 
 fn hash_u64(parts: &[&[u8]]) -> u64 {
@@ -96,7 +96,7 @@ pub fn initial_nodes(cfg: &Config, members: &[InitialMember]) -> BTreeMap<NodeId
 pub async fn initialize_if_new(
     raft: &Raft,
     nodes: BTreeMap<NodeId, Member>,
-) -> Result<(), RaftError<NodeId, InitializeError<NodeId, Member>>> {
+) -> Result<(), RaftError<TypeConfig, InitializeError<TypeConfig>>> {
     match raft.initialize(nodes).await {
         Ok(()) => {
             tracing::info!("initialized new cluster membership");

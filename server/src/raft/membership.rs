@@ -30,6 +30,7 @@
 //!   is told by a peer with a newer membership that it is no longer in it, refuses every client
 //!   request and shuts down (see `member_tasks`).
 
+use openraft::async_runtime::WatchReceiver;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -53,7 +54,7 @@ use tonic::{Code, Status};
 
 use super::network::peer_channel;
 use super::proposer::Proposer;
-use super::types::{Member, NodeId, Raft};
+use super::types::{Member, NodeId, Raft, TypeConfig};
 use crate::storage::state_machine::Shared;
 
 /// Marker at the start of the status a member returns when it cannot run an operation because
@@ -227,11 +228,11 @@ impl ClusterControl {
 
     /// The leader this member follows (or is), if it knows one.
     pub fn leader(&self) -> Option<NodeId> {
-        self.inner.raft.metrics().borrow().current_leader
+        self.inner.raft.metrics().borrow_watched().current_leader
     }
 
-    pub fn metrics(&self) -> RaftMetrics<NodeId, Member> {
-        self.inner.raft.metrics().borrow().clone()
+    pub fn metrics(&self) -> RaftMetrics<TypeConfig> {
+        self.inner.raft.metrics().borrow_watched().clone()
     }
 
     /// True once this member has learned it was removed from the cluster.
@@ -275,7 +276,7 @@ impl ClusterControl {
     #[allow(clippy::disallowed_methods)]
     pub fn new_member_id(&self) -> NodeId {
         let metrics = self.inner.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         loop {
             // Not in apply: the id travels inside the proposal, so every replica sees the same.
             let id = rand::random::<u64>();
@@ -336,7 +337,7 @@ impl ClusterControl {
     fn peer_client(&self, node_id: NodeId) -> Option<ClusterServiceClient<Channel>> {
         let url = {
             let metrics = self.inner.raft.metrics();
-            let m = metrics.borrow();
+            let m = metrics.borrow_watched();
             m.membership_config.membership().get_node(&node_id)?.peer_urls.first()?.clone()
         };
         self.client_for(&url)
@@ -400,7 +401,7 @@ impl ClusterControl {
                 return Err(MembershipError::Remote(Status::invalid_argument("picket: empty op")))
             }
         }
-        Ok(etcd_members(self.inner.raft.metrics().borrow().membership_config.membership()))
+        Ok(etcd_members(self.inner.raft.metrics().borrow_watched().membership_config.membership()))
     }
 
     /// This member must be the leader by vote, by server state *and* as a voter: a leader that
@@ -411,7 +412,7 @@ impl ClusterControl {
     /// removes itself, so this only guards the window in between.
     fn ensure_leader(&self) -> Result<(), MembershipError> {
         let metrics = self.inner.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         let me = self.inner.node_id;
         let voter = m.membership_config.membership().voter_ids().any(|v| v == me);
         match m.current_leader {
@@ -423,7 +424,7 @@ impl ClusterControl {
 
     /// The leader's latest (possibly not yet committed) membership.
     fn effective(&self) -> openraft::Membership<NodeId, Member> {
-        self.inner.raft.metrics().borrow().membership_config.membership().clone()
+        self.inner.raft.metrics().borrow_watched().membership_config.membership().clone()
     }
 
     /// Submits one membership change, waiting while an earlier change is still uncommitted.
@@ -438,11 +439,28 @@ impl ClusterControl {
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                     return Err(MembershipError::NotLeader(f.leader_id))
                 }
+                // Appended here, then truncated by a new leader (openraft 0.10): as above, the
+                // caller learns who leads now and re-reads the membership before any retry.
+                Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
+                    return Err(MembershipError::NotLeader(f.leader_id))
+                }
+                Err(RaftError::APIError(ClientWriteError::PreconditionFailed(e))) => {
+                    return Err(MembershipError::Remote(Status::internal(e.to_string())))
+                }
                 Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => match e {
-                    // The previous membership entry commits within a round trip; the caller's
-                    // deadline bounds the wait.
-                    ChangeMembershipError::InProgress(_) => {
+                    // The previous membership entry (or, on a new leader, its first entry)
+                    // commits within a round trip; the caller's deadline bounds the wait.
+                    ChangeMembershipError::InProgress(_)
+                    | ChangeMembershipError::UncommittedLeaderLog(_) => {
                         tokio::time::sleep(RETRY_BACKOFF).await;
+                    }
+                    // Picket changes membership one voter at a time through joint configs and
+                    // node URLs through `SetNodes`, so neither is expected; refuse, never loop.
+                    e @ (ChangeMembershipError::UnsupportedMembershipTransition(_)
+                    | ChangeMembershipError::NodeMetadataChanged(_)) => {
+                        return Err(MembershipError::Remote(Status::failed_precondition(
+                            e.to_string(),
+                        )))
                     }
                     ChangeMembershipError::EmptyMembership(_) => {
                         return Err(MembershipError::NotEnoughMembers)
@@ -497,7 +515,7 @@ impl ClusterControl {
     /// Whether learner `id` has caught up enough to be promoted (etcd's `isLearnerReady`).
     fn learner_ready(&self, id: NodeId) -> bool {
         let metrics = self.inner.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         let last = m.last_log_index.unwrap_or(0);
         let matched =
             m.replication.as_ref().and_then(|r| r.get(&id).cloned()).flatten().map(|l| l.index);
@@ -563,7 +581,7 @@ impl ClusterControl {
     /// The voter in `voters` other than `except` whose replicated log reaches furthest.
     fn most_caught_up_voter(&self, voters: &BTreeSet<NodeId>, except: NodeId) -> Option<NodeId> {
         let metrics = self.inner.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         voters.iter().copied().filter(|v| *v != except).max_by_key(|v| {
             let matched = m.replication.as_ref().and_then(|r| r.get(v).cloned()).flatten();
             (matched.map(|l| l.index), std::cmp::Reverse(*v))
@@ -625,7 +643,8 @@ mod tests {
         let m = openraft::Membership::new(
             vec![BTreeSet::from([1, 2]), BTreeSet::from([2, 3])],
             BTreeMap::from([(1, node("a")), (2, node("b")), (3, node("c")), (4, node("d"))]),
-        );
+        )
+        .expect("valid membership");
         let got: Vec<(u64, bool)> = etcd_members(&m).iter().map(|m| (m.id, m.is_learner)).collect();
         assert_eq!(got, vec![(1, false), (2, false), (3, false), (4, true)]);
     }

@@ -16,5 +16,6 @@ pub mod proposer;
 pub mod read_index;
 pub mod service;
 pub mod snapshot_data;
+pub mod snapshot_transfer;
 pub mod transfer;
 pub mod types;

@@ -8,13 +8,13 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+    NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
+use openraft::RaftNetworkV2;
 use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
 use picket_proto::picket::raft::v1::RaftPayload;
 use serde::de::DeserializeOwned;
@@ -22,7 +22,7 @@ use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
 use super::append_stream::{AppendStream, Sent};
-use super::types::{Member, NodeId, TypeConfig};
+use super::types::{Member, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::tls::PeerDialer;
 
 /// How long to wait for a TCP connection to a peer. A peer that cannot be reached within this
@@ -128,7 +128,7 @@ pub struct PeerClient {
     appends: AppendStream,
 }
 
-type RpcResult<T, E> = Result<T, RPCError<NodeId, Member, RaftError<NodeId, E>>>;
+type RpcResult<T> = Result<T, RPCError<TypeConfig>>;
 
 /// One unary method of the generated peer client, boxed so `call` can share the plumbing.
 type PeerMethod =
@@ -139,30 +139,28 @@ type PeerMethod =
         -> futures::future::BoxFuture<'static, Result<tonic::Response<RaftPayload>, tonic::Status>>;
 
 impl PeerClient {
-    async fn call<Req, Resp, E>(
+    async fn call<Req, Resp>(
         &mut self,
         req: &Req,
         option: &RPCOption,
         method: PeerMethod,
-    ) -> RpcResult<Resp, E>
+    ) -> RpcResult<Resp>
     where
         Req: Serialize,
         Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
     {
         let payload = encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         self.call_encoded(payload, option, method).await
     }
 
-    async fn call_encoded<Resp, E>(
+    async fn call_encoded<Resp>(
         &mut self,
         payload: RaftPayload,
         option: &RPCOption,
         method: PeerMethod,
-    ) -> RpcResult<Resp, E>
+    ) -> RpcResult<Resp>
     where
         Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
     {
         let client = self.client.clone().ok_or_else(invalid_url)?;
         // Bounded by openraft's per-RPC deadline; on expiry openraft backs off and retries,
@@ -178,35 +176,41 @@ impl PeerClient {
         self.answer(&resp.payload)
     }
 
-    /// Decodes a peer's answer: openraft's result, serialized with postcard.
-    fn answer<Resp, E>(&self, bytes: &[u8]) -> RpcResult<Resp, E>
+    /// Decodes a peer's answer: openraft's result, serialized with postcard. A peer whose Raft
+    /// stopped (a fatal error) is reported unreachable: openraft backs off and retries, as for a
+    /// peer that is down.
+    fn answer<Resp>(&self, bytes: &[u8]) -> RpcResult<Resp>
     where
         Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
     {
-        let result: Result<Resp, RaftError<NodeId, E>> =
+        let result: Result<Resp, RaftError<TypeConfig>> =
             decode(bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+        result.map_err(|e| {
+            tracing::warn!(peer = self.target, error = %e, "peer's raft answered with an error");
+            RPCError::Unreachable(Unreachable::new(&e))
+        })
     }
 }
 
-fn invalid_url<E: std::error::Error>() -> RPCError<NodeId, Member, E> {
+fn invalid_url() -> RPCError<TypeConfig> {
     RPCError::Unreachable(Unreachable::new(&std::io::Error::other("invalid peer url")))
 }
 
-fn timed_out<E: std::error::Error>() -> RPCError<NodeId, Member, E> {
+fn timed_out() -> RPCError<TypeConfig> {
     RPCError::Unreachable(Unreachable::new(&std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         "peer rpc timed out",
     )))
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = SnapshotData;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> RpcResult<AppendEntriesResponse<NodeId>, openraft::error::Infallible> {
+    ) -> RpcResult<AppendEntriesResponse<TypeConfig>> {
         let payload = encode(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let client = self.client.clone().ok_or_else(invalid_url)?;
         // The same deadline as a unary call. A timed-out stream call is abandoned, and the
@@ -227,20 +231,27 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         }
     }
 
-    async fn install_snapshot(
+    /// In chunks over the `install_snapshot` RPC (`snapshot_transfer`).
+    async fn full_snapshot(
         &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + openraft::OptionalSend + 'static,
         option: RPCOption,
-    ) -> RpcResult<InstallSnapshotResponse<NodeId>, InstallSnapshotError> {
-        self.call(&rpc, &option, |mut c, p| Box::pin(async move { c.install_snapshot(p).await }))
-            .await
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let Some(client) = self.client.clone() else {
+            return Err(StreamingError::Unreachable(Unreachable::new(&std::io::Error::other(
+                "invalid peer url",
+            ))));
+        };
+        super::snapshot_transfer::send(client, vote, snapshot, cancel, option).await
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<NodeId>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> RpcResult<VoteResponse<NodeId>, openraft::error::Infallible> {
+    ) -> RpcResult<VoteResponse<TypeConfig>> {
         self.call(&rpc, &option, |mut c, p| Box::pin(async move { c.vote(p).await })).await
     }
 }

@@ -13,13 +13,14 @@
 //! the leader share one leadership confirmation, and concurrent reads on a follower share one
 //! ReadIndex RPC to the leader.
 
+use openraft::async_runtime::WatchReceiver;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use openraft::error::{CheckIsLeaderError, ClientWriteError, RaftError};
+use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use parking_lot::Mutex;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
@@ -272,7 +273,7 @@ impl Proposer {
     async fn read_barrier_until(&self, deadline: Instant) -> Result<(), ProposeError> {
         let me = self.inner.node_id;
         loop {
-            let leader = self.inner.raft.metrics().borrow().current_leader;
+            let leader = self.inner.raft.metrics().borrow_watched().current_leader;
             let result = match leader {
                 Some(l) if l != me => self.inner.leader_reads.read_index().await,
                 _ => match self.local_read_index().await {
@@ -308,7 +309,7 @@ impl Proposer {
 
     /// A client for the current leader, if one is known and it is not this member.
     pub fn leader_client(&self) -> Option<RaftServiceClient<Channel>> {
-        let leader = self.inner.raft.metrics().borrow().current_leader?;
+        let leader = self.inner.raft.metrics().borrow_watched().current_leader?;
         if leader == self.inner.node_id {
             return None;
         }
@@ -323,7 +324,7 @@ impl Proposer {
 
 impl LeaderLink for Inner {
     fn leader(&self) -> Option<RaftServiceClient<Channel>> {
-        let leader = self.raft.metrics().borrow().current_leader?;
+        let leader = self.raft.metrics().borrow_watched().current_leader?;
         if leader == self.node_id {
             return None;
         }
@@ -343,14 +344,14 @@ impl Inner {
     /// `Some(leader hint)` when this member does not lead according to its Raft metrics (the
     /// hint is another member, or `None` while no leader is known); `None` when it leads.
     fn other_leader(&self) -> Option<Option<NodeId>> {
-        let leader = self.raft.metrics().borrow().current_leader;
+        let leader = self.raft.metrics().borrow_watched().current_leader;
         (leader != Some(self.node_id)).then_some(leader)
     }
 
     fn peer_client(&self, node_id: NodeId) -> Option<RaftServiceClient<Channel>> {
         let url = {
             let metrics = self.raft.metrics();
-            let m = metrics.borrow();
+            let m = metrics.borrow_watched();
             m.membership_config.membership().get_node(&node_id)?.peer_urls.first()?.clone()
         };
         let mut peers = self.peers.lock();
@@ -408,7 +409,21 @@ impl EntrySink for LocalWrites {
                     );
                     Err(ProposeError::Timeout)
                 }
+                // openraft 0.10 says so explicitly: the entry was appended here and then
+                // truncated by a new leader. Unknown for the same reason as above.
+                Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
+                    tracing::warn!(
+                        leader = ?f.leader_id,
+                        "entry discarded by a new leader; outcome unknown"
+                    );
+                    Err(ProposeError::Timeout)
+                }
                 Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
+                    Err(ProposeError::Remote(Status::internal(e.to_string())))
+                }
+                // Picket proposes without preconditions; should one ever be refused, nothing
+                // was appended.
+                Err(RaftError::APIError(ClientWriteError::PreconditionFailed(e))) => {
                     Err(ProposeError::Remote(Status::internal(e.to_string())))
                 }
                 Err(RaftError::Fatal(e)) => {
@@ -436,7 +451,7 @@ fn applied(inner: &Weak<Inner>, index: u64) -> bool {
 }
 
 fn applied_at(inner: &Inner, index: u64) -> bool {
-    let applied = inner.raft.metrics().borrow().last_applied.map(|l| l.index);
+    let applied = inner.raft.metrics().borrow_watched().last_applied.map(|l| l.index);
     applied.is_some_and(|a| a >= index)
 }
 
@@ -471,15 +486,18 @@ impl ReadIndexSource for LocalReads {
             if inner.paused() {
                 return Err(ProposeError::NotLeader(None));
             }
-            let confirmed = tokio::time::timeout(ROUND_TIMEOUT, inner.raft.get_read_log_id())
+            // ReadIndex: leadership confirmed by a heartbeat round for every read index, as
+            // openraft 0.9 did; never the leader lease, which the Jepsen results do not cover.
+            let policy = openraft::ReadPolicy::ReadIndex;
+            let confirmed = tokio::time::timeout(ROUND_TIMEOUT, inner.raft.get_read_log_id(policy))
                 .await
                 .map_err(|_| ProposeError::Timeout)?;
             match confirmed {
-                Ok((read_log_id, _applied)) => Ok(read_log_id.map(|l| l.index).unwrap_or(0)),
-                Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Ok((read_log_id, _applied)) => Ok(read_log_id.index()),
+                Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(f))) => {
                     Err(ProposeError::NotLeader(f.leader_id))
                 }
-                Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(_))) => {
+                Err(RaftError::APIError(LinearizableReadError::QuorumNotEnough(_))) => {
                     Err(ProposeError::NoLeader)
                 }
                 Err(RaftError::Fatal(_)) => Err(ProposeError::Stopped),
@@ -502,7 +520,7 @@ impl ReadIndexSource for LeaderReads {
         let inner = self.0.upgrade();
         async move {
             let inner = inner.ok_or(ProposeError::Stopped)?;
-            let leader = inner.raft.metrics().borrow().current_leader;
+            let leader = inner.raft.metrics().borrow_watched().current_leader;
             let Some(leader) = leader.filter(|l| *l != inner.node_id) else {
                 return Err(ProposeError::NoLeader);
             };

@@ -19,7 +19,25 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::network::{decode, encode};
 use super::proposer::{ProposeError, Proposer};
+use super::snapshot_transfer::{Chunk, Receiver};
 use super::types::Command;
+use crate::storage::shared::Shared;
+
+/// The snapshot chunks' receiver and the state machine that names their temp files.
+pub struct SnapshotReceiver {
+    pub receiver: Receiver,
+    pub shared: Arc<Shared>,
+}
+
+/// A vote request in openraft 0.9's layout lacks 0.10's trailing `leadership_transfer` flag,
+/// and postcard reads every field (`serde(default)` does not help it): one zero byte appended
+/// reads as "no transfer" for a 0.9 request and is an ignored trailing byte for a 0.10 one.
+pub(crate) fn vote_request_bytes(payload: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(payload.len() + 1);
+    bytes.extend_from_slice(payload);
+    bytes.push(0);
+    bytes
+}
 
 /// What the leader answers for leases relayed by followers (implemented by the API layer,
 /// which owns the leader's lease clock).
@@ -35,6 +53,8 @@ pub trait LeaderLeases: Send + Sync + 'static {
 /// Serves peer RPCs for one node.
 pub struct PeerService {
     proposer: Proposer,
+    /// Where snapshot chunks go (`snapshot_transfer`); shared by every peer listener.
+    snapshots: Arc<SnapshotReceiver>,
     leases: Arc<dyn LeaderLeases>,
     /// Turns true when the member stops: replication streams end then, since a graceful server
     /// shutdown waits for every open stream and the leader would otherwise keep them open.
@@ -44,10 +64,11 @@ pub struct PeerService {
 impl PeerService {
     pub fn new(
         proposer: Proposer,
+        snapshots: Arc<SnapshotReceiver>,
         leases: Arc<dyn LeaderLeases>,
         stop: watch::Receiver<bool>,
     ) -> Self {
-        Self { proposer, leases, stop }
+        Self { proposer, snapshots, leases, stop }
     }
 }
 
@@ -114,7 +135,7 @@ impl RaftService for PeerService {
 
     #[tracing::instrument(level = "trace", skip_all)]
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let rpc = decode(&req.get_ref().payload).map_err(bad_payload)?;
+        let rpc = decode(&vote_request_bytes(&req.get_ref().payload)).map_err(bad_payload)?;
         reply(&self.proposer.raft().vote(rpc).await)
     }
 
@@ -123,8 +144,14 @@ impl RaftService for PeerService {
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let rpc = decode(&req.get_ref().payload).map_err(bad_payload)?;
-        reply(&self.proposer.raft().install_snapshot(rpc).await)
+        let chunk: Chunk = decode(&req.get_ref().payload).map_err(bad_payload)?;
+        let shared = &self.snapshots.shared;
+        let answer = self
+            .snapshots
+            .receiver
+            .chunk(self.proposer.raft(), chunk, || shared.snapshot_receiving_path())
+            .await?;
+        reply(&answer)
     }
 
     #[tracing::instrument(level = "debug", skip_all)]

@@ -150,8 +150,9 @@ pub(crate) async fn transfer_for_shutdown(
         return ShutdownTransfer::NotLeader;
     }
     let fresh = m
-        .millis_since_quorum_ack
-        .is_some_and(|ms| Duration::from_millis(ms) <= control.leader_lease());
+        .last_quorum_acked
+        .as_ref()
+        .is_some_and(|t| openraft::Instant::elapsed(&**t) <= control.leader_lease());
     if !fresh {
         return ShutdownTransfer::NoQuorum;
     }
@@ -216,5 +217,5 @@ pub(crate) async fn campaign(
         term = req.term,
         "campaigning at the leader's request"
     );
-    control.raft().trigger().elect().await.map_err(|_| MembershipError::Stopped)
+    control.raft().trigger().elect(false).await.map_err(|_| MembershipError::Stopped)
 }

@@ -23,20 +23,27 @@ openraft::declare_raft_types!(
         R = Applied,
         NodeId = NodeId,
         Node = Member,
-        Entry = openraft::Entry<TypeConfig>,
-        // A file, not a `Vec` (issue 20): see `snapshot_data`.
-        SnapshotData = crate::raft::snapshot_data::SnapshotData,
         AsyncRuntime = openraft::TokioRuntime,
 );
 
-pub type Raft = openraft::Raft<TypeConfig>;
-pub type Entry = openraft::Entry<TypeConfig>;
-pub type LogId = openraft::LogId<NodeId>;
-pub type Vote = openraft::Vote<NodeId>;
-pub type StoredMembership = openraft::StoredMembership<NodeId, Member>;
-pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, Member>;
-pub type Snapshot = openraft::storage::Snapshot<TypeConfig>;
-pub type StorageError = openraft::StorageError<NodeId>;
+/// The snapshot data is a file, not a `Vec` (issue 20): see `snapshot_data`.
+pub type SnapshotData = crate::raft::snapshot_data::SnapshotData;
+pub type Raft = openraft::Raft<TypeConfig, crate::storage::state_machine::StateMachine>;
+pub type Entry = openraft::alias::EntryOf<TypeConfig>;
+pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
+pub type Vote = openraft::alias::VoteOf<TypeConfig>;
+/// The committed leader id a log id carries (term and node id, openraft's "adv" mode).
+pub type CommittedLeaderId = openraft::alias::CommittedLeaderIdOf<TypeConfig>;
+pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+pub type Snapshot = openraft::alias::SnapshotOf<TypeConfig, SnapshotData>;
+/// What openraft's storage traits return: a plain I/O error since openraft 0.10.
+pub type StorageError = std::io::Error;
+
+/// The log id of entry `index` written in `term` by leader `node_id`.
+pub fn log_id(term: u64, node_id: NodeId, index: u64) -> LogId {
+    LogId::new(CommittedLeaderId { term, node_id }, index)
+}
 
 /// What Raft knows about a member: enough to reach it and to answer `MemberList`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,6 +62,13 @@ impl fmt::Display for Member {
 /// The application payload of a normal Raft log entry.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct Command(pub RaftCommand);
+
+/// openraft 0.10 logs entries with `Display`: the command's size, never its keys or values.
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "command({} bytes)", self.0.encoded_len())
+    }
+}
 
 /// The deterministic result of applying one log entry.
 #[derive(Debug, Clone, PartialEq, Default)]

@@ -2,12 +2,14 @@
 //! file) or sends between members (postcard inside `RaftPayload`). A change of openraft (the
 //! planned 0.9 -> 0.10 move, docs/openraft-0.10-migration.md) or of serde/postcard that changed
 //! one of these layouts would make existing data directories or mixed-version clusters
-//! unreadable; these tests fail first. The expected bytes were produced by openraft 0.9.25.
+//! unreadable; these tests fail first. The expected bytes were produced by openraft 0.9.25; on
+//! openraft 0.10 every one of them still decodes and re-encodes the same, except where noted
+//! (the snapshot id 0.10 no longer has, the vote request's new trailing flag).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
-use openraft::{CommittedLeaderId, EntryPayload, Membership};
+use openraft::{EntryPayload, Membership};
 use picket_proto::etcdserverpb::PutRequest;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::RaftCommand;
@@ -19,7 +21,7 @@ fn hex<T: Serialize>(v: &T) -> String {
 }
 
 fn log_id() -> LogId {
-    LogId::new(CommittedLeaderId::new(3, 7), 42)
+    crate::raft::types::log_id(3, 7, 42)
 }
 
 fn member() -> Member {
@@ -33,7 +35,7 @@ fn member() -> Member {
 fn membership() -> StoredMembership {
     let voters = BTreeSet::from([7u64]);
     let nodes = BTreeMap::from([(7u64, member())]);
-    StoredMembership::new(Some(log_id()), Membership::new(vec![voters], nodes))
+    StoredMembership::new(Some(log_id()), Membership::new(vec![voters], nodes).expect("valid"))
 }
 
 fn command() -> Command {
@@ -53,12 +55,12 @@ where
     T: Serialize + serde::de::DeserializeOwned + fmt::Debug,
 {
     assert_eq!(hex(v), expected, "postcard layout of {v:?} changed");
-    let bytes: Vec<u8> = (0..expected.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&expected[i..i + 2], 16).expect("hex"))
-        .collect();
-    let back: T = postcard::from_bytes(&bytes).expect("decode");
+    let back: T = postcard::from_bytes(&unhex(expected)).expect("decode");
     assert_eq!(hex(&back), expected);
+}
+
+fn unhex(h: &str) -> Vec<u8> {
+    (0..h.len()).step_by(2).map(|i| u8::from_str_radix(&h[i..i + 2], 16).expect("hex")).collect()
 }
 
 #[test]
@@ -83,28 +85,40 @@ fn stored_formats_keep_their_bytes() {
         &m,
         "03072a020101070107026e31010d687474703a2f2f613a32333830010d687474703a2f2f613a32333739",
     );
-    let meta = SnapshotMeta {
-        last_log_id: Some(log_id()),
-        last_membership: membership(),
-        snapshot_id: "s1".into(),
-    };
-    golden(&meta, "0103072a0103072a0101070107026e31010d687474703a2f2f613a32333830010d687474703a2f2f613a32333739027331");
+    // openraft 0.10 dropped the snapshot id but keeps its slot: it writes an empty id where 0.9
+    // wrote one, and reads (and ignores) whatever id a 0.9 file holds.
+    let meta = SnapshotMeta { last_log_id: Some(log_id()), last_membership: membership() };
+    let layout = "0103072a0103072a0101070107026e31010d687474703a2f2f613a32333830010d687474703a2f2f613a32333739";
+    golden(&meta, &format!("{layout}00"));
+    let from_09: SnapshotMeta =
+        postcard::from_bytes(&unhex(&format!("{layout}027331"))).expect("0.9 meta");
+    assert_eq!(from_09, meta);
 }
 
 #[test]
 fn peer_messages_keep_their_bytes() {
     let vote = Vote::new_committed(3, 7);
-    golden(&VoteRequest::new(vote, Some(log_id())), "0307010103072a");
-    golden(&VoteResponse::new(vote, Some(log_id()), true), "030701010103072a");
+    // 0.10 added a trailing `leadership_transfer` flag; the peer service appends a zero byte to
+    // what it receives (`service::vote_request_bytes`), so a 0.9 member's request still reads.
+    golden(&VoteRequest::<TypeConfig>::new(vote, Some(log_id())), "0307010103072a00");
+    let from_09: VoteRequest<TypeConfig> =
+        postcard::from_bytes(&crate::raft::service::vote_request_bytes(&unhex("0307010103072a")))
+            .expect("0.9 vote request, padded");
+    assert_eq!(from_09, VoteRequest::<TypeConfig>::new(vote, Some(log_id())));
+    let from_010: VoteRequest<TypeConfig> =
+        postcard::from_bytes(&crate::raft::service::vote_request_bytes(&unhex("0307010103072a01")))
+            .expect("0.10 vote request, padded");
+    assert!(from_010.leadership_transfer);
+    golden(&VoteResponse::<TypeConfig>::new(vote, Some(log_id()), true), "030701010103072a");
     let append = AppendEntriesRequest::<TypeConfig> {
         vote,
         prev_log_id: Some(log_id()),
         entries: vec![Entry {
-            log_id: LogId::new(CommittedLeaderId::new(3, 7), 43),
+            log_id: crate::raft::types::log_id(3, 7, 43),
             payload: EntryPayload::Normal(command()),
         }],
         leader_commit: Some(log_id()),
     };
     golden(&append, "0307010103072a0103072b01080a060a016b1201760103072a");
-    golden(&AppendEntriesResponse::<NodeId>::Success, "00");
+    golden(&AppendEntriesResponse::<TypeConfig>::Success, "00");
 }

@@ -76,7 +76,7 @@ use thiserror::Error;
 use crate::config::{Config, ConfigError, DEFAULT_NAME, DEFAULT_PEER_URL};
 use crate::raft::bootstrap;
 use crate::raft::identity::{self, Identity, IdentityError};
-use crate::raft::types::{Entry, LogId, NodeId};
+use crate::raft::types::{Entry, NodeId};
 use crate::storage::engine::Cf;
 use crate::storage::log_store::LogStore;
 use crate::storage::rocks::RocksEngine;
@@ -297,7 +297,7 @@ impl Plan {
         // nodes (`bootstrap::initial_nodes`, shared with picketd), all voters, at log id 0.
         let nodes = bootstrap::initial_nodes(&cfg, &initial);
         let first_entry = Entry {
-            log_id: LogId::default(),
+            log_id: crate::raft::types::log_id(0, 0, 0),
             payload: EntryPayload::Membership(Membership::from(nodes)),
         };
         Ok(Self { identity, members, first_entry })
@@ -420,7 +420,7 @@ fn build(
             .map_err(|source| RestoreError::EtcdImport { path: path.to_path_buf(), source })?,
     }
     LogStore::new(engine.db().clone())
-        .seed(std::slice::from_ref(&plan.first_entry))
+        .and_then(|log| log.seed(std::slice::from_ref(&plan.first_entry)))
         .map_err(storage)?;
 
     let sm = StateMachine::open(engine.clone(), dir.join("snapshots")).map_err(storage)?;

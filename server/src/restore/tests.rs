@@ -40,7 +40,7 @@ fn source_snapshot(dir: &Path) -> (Vec<u8>, u32, i64) {
     };
     b.put(&leased, &exists).unwrap();
     b.put_raw(Cf::Lease, &LEASE.to_be_bytes(), &record.encode_to_vec());
-    let old_applied: Option<LogId> = Some(LogId::new(openraft::CommittedLeaderId::new(9, 1), 77));
+    let old_applied: Option<crate::raft::types::LogId> = Some(crate::raft::types::log_id(9, 1, 77));
     b.put_raw(Cf::Meta, RAFT_META_KEYS[0], &postcard::to_allocvec(&old_applied).unwrap());
     let old_nodes =
         std::collections::BTreeMap::from([(99u64, crate::raft::types::Member::default())]);
@@ -140,7 +140,7 @@ fn restores_data_with_fresh_raft_state_and_identity() {
     // The log holds only the new membership at log id 0, as `Raft::initialize` would write.
     let log = raft_log(&data_dir);
     assert_eq!(log.len(), 1);
-    assert_eq!(log[0].1.log_id, LogId::default());
+    assert_eq!(log[0].1.log_id, crate::raft::types::log_id(0, 0, 0));
     let EntryPayload::Membership(m) = &log[0].1.payload else { panic!("not a membership entry") };
     let voters: Vec<NodeId> = m.voter_ids().collect();
     let mut want: Vec<NodeId> = report.members.iter().map(|m| m.id).collect();

@@ -9,13 +9,13 @@ use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{ErrorSubject, ErrorVerb, OptionalSend, RaftLogReader, StorageIOError};
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
 use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::raft::types::{Entry, LogId, NodeId, StorageError, TypeConfig, Vote};
+use crate::raft::types::{Entry, LogId, StorageError, TypeConfig, Vote};
 
 const CF_LOG: &str = "raft_log";
 const CF_META: &str = "raft_meta";
@@ -37,12 +37,9 @@ fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
-fn io_err(
-    subject: ErrorSubject<NodeId>,
-    verb: ErrorVerb,
-    e: impl std::error::Error + 'static,
-) -> StorageError {
-    StorageIOError::new(subject, verb, openraft::AnyError::new(&e)).into()
+/// An I/O error naming what was being read or written (openraft 0.10's storage error type).
+fn io_err(what: &str, e: impl std::fmt::Display) -> StorageError {
+    std::io::Error::other(format!("{what}: {e}"))
 }
 
 fn synced() -> WriteOptions {
@@ -54,8 +51,8 @@ fn synced() -> WriteOptions {
 impl LogStore {
     /// Opens the log on a database that already has the `raft_log` and `raft_meta` column
     /// families (see `storage::rocks`).
-    pub fn new(db: Arc<DB>) -> Self {
-        Self { db, disk: None, acked: None }
+    pub fn new(db: Arc<DB>) -> Result<Self, StorageError> {
+        Ok(Self { db, disk: None, acked: None })
     }
 
     /// Records every acknowledged append and vote in `record` (see `storage::wal_tail`).
@@ -67,16 +64,15 @@ impl LogStore {
     /// The last log index and the vote's term as stored now, read synchronously at start for
     /// `wal_tail::verify`.
     pub fn recovered_position(&self) -> Result<(Option<u64>, Option<u64>), StorageError> {
-        let last_purged: Option<LogId> = self.get_meta(KEY_LAST_PURGED, ErrorSubject::Store)?;
+        let last_purged: Option<LogId> = self.get_meta(KEY_LAST_PURGED, "store")?;
         let last_entry = match self.db.iterator_cf(self.cf(CF_LOG)?, IteratorMode::End).next() {
             None => None,
             Some(item) => {
-                let (_, value) =
-                    item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+                let (_, value) = item.map_err(|e| io_err("read logs", e))?;
                 Some(Self::decode_entry(&value)?.log_id.index)
             }
         };
-        let vote: Option<Vote> = self.get_meta(KEY_VOTE, ErrorSubject::Vote)?;
+        let vote: Option<Vote> = self.get_meta(KEY_VOTE, "vote")?;
         Ok((last_entry.or(last_purged.map(|l| l.index)), vote.map(|v| v.leader_id().term)))
     }
 
@@ -96,42 +92,29 @@ impl LogStore {
 
     fn cf(&self, name: &str) -> Result<&rocksdb::ColumnFamily, StorageError> {
         self.db.cf_handle(name).ok_or_else(|| {
-            io_err(
-                ErrorSubject::Store,
-                ErrorVerb::Read,
-                std::io::Error::other(format!("column family {name} missing")),
-            )
+            io_err("read store", std::io::Error::other(format!("column family {name} missing")))
         })
     }
 
     fn get_meta<T: DeserializeOwned>(
         &self,
         key: &[u8],
-        subject: ErrorSubject<NodeId>,
+        subject: &str,
     ) -> Result<Option<T>, StorageError> {
-        let raw = self
-            .db
-            .get_cf(self.cf(CF_META)?, key)
-            .map_err(|e| io_err(subject.clone(), ErrorVerb::Read, e))?;
-        raw.map(|b| {
-            postcard::from_bytes(&b).map_err(|e| io_err(subject.clone(), ErrorVerb::Read, e))
-        })
-        .transpose()
+        let raw = self.db.get_cf(self.cf(CF_META)?, key).map_err(|e| io_err(subject, e))?;
+        raw.map(|b| postcard::from_bytes(&b).map_err(|e| io_err(subject, e))).transpose()
     }
 
     fn put_meta<T: Serialize>(
         &self,
         key: &[u8],
         value: &T,
-        subject: ErrorSubject<NodeId>,
+        subject: &str,
         sync: bool,
     ) -> Result<(), StorageError> {
-        let bytes = postcard::to_allocvec(value)
-            .map_err(|e| io_err(subject.clone(), ErrorVerb::Write, e))?;
+        let bytes = postcard::to_allocvec(value).map_err(|e| io_err(subject, e))?;
         let opts = if sync { synced() } else { WriteOptions::default() };
-        self.db
-            .put_cf_opt(self.cf(CF_META)?, key, bytes, &opts)
-            .map_err(|e| io_err(subject, ErrorVerb::Write, e))
+        self.db.put_cf_opt(self.cf(CF_META)?, key, bytes, &opts).map_err(|e| io_err(subject, e))
     }
 
     /// Writes `entries` into a log that has never been used, as one synced batch. Only for
@@ -143,26 +126,22 @@ impl LogStore {
             || self.db.iterator_cf(self.cf(CF_META)?, IteratorMode::Start).next().is_some();
         if used {
             return Err(io_err(
-                ErrorSubject::Logs,
-                ErrorVerb::Write,
+                "write logs",
                 std::io::Error::other("refusing to seed a Raft log that is already in use"),
             ));
         }
         let cf = self.cf(CF_LOG)?;
         let mut batch = WriteBatch::default();
         for entry in entries {
-            let bytes = postcard::to_allocvec(entry)
-                .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+            let bytes = postcard::to_allocvec(entry).map_err(|e| io_err("write logs", e))?;
             batch.put_cf(cf, index_key(entry.log_id.index), bytes);
         }
         // Durability: the seeded entries are this member's first log; synced like any append.
-        self.db
-            .write_opt(batch, &synced())
-            .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+        self.db.write_opt(batch, &synced()).map_err(|e| io_err("write logs", e))
     }
 
     fn decode_entry(bytes: &[u8]) -> Result<Entry, StorageError> {
-        postcard::from_bytes(bytes).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))
+        postcard::from_bytes(bytes).map_err(|e| io_err("read logs", e))
     }
 }
 
@@ -196,13 +175,9 @@ impl LogStore {
             if bytes >= max_bytes {
                 break;
             }
-            let (key, value) = item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+            let (key, value) = item.map_err(|e| io_err("read logs", e))?;
             let index = u64::from_be_bytes(key.as_ref().try_into().map_err(|_| {
-                io_err(
-                    ErrorSubject::Logs,
-                    ErrorVerb::Read,
-                    std::io::Error::other("log key is not 8 bytes"),
-                )
+                io_err("read logs", std::io::Error::other("log key is not 8 bytes"))
             })?);
             if !range.contains(&index) {
                 break;
@@ -231,18 +206,21 @@ impl RaftLogReader<TypeConfig> for LogStore {
     ) -> Result<Vec<Entry>, StorageError> {
         self.read_entries(start..end, MAX_APPEND_BYTES)
     }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
+        self.get_meta(KEY_VOTE, "vote")
+    }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = Self;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let last_purged: Option<LogId> = self.get_meta(KEY_LAST_PURGED, ErrorSubject::Store)?;
+        let last_purged: Option<LogId> = self.get_meta(KEY_LAST_PURGED, "store")?;
         let last = match self.db.iterator_cf(self.cf(CF_LOG)?, IteratorMode::End).next() {
             None => None,
             Some(item) => {
-                let (_, value) =
-                    item.map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Read, e))?;
+                let (_, value) = item.map_err(|e| io_err("read logs", e))?;
                 Some(Self::decode_entry(&value)?.log_id)
             }
         };
@@ -257,7 +235,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Durability: a vote must survive a crash before it is acted on, or a restarted node
         // could vote twice in one term. Synced write.
         let timer = self.disk.as_ref().map(|d| d.wal_fsync.start_timer());
-        self.put_meta(KEY_VOTE, vote, ErrorSubject::Vote, true)?;
+        self.put_meta(KEY_VOTE, vote, "vote", true)?;
         drop(timer);
         if let Some(acked) = &self.acked {
             acked.acked_vote(vote.leader_id().term);
@@ -265,25 +243,21 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
-    async fn read_vote(&mut self) -> Result<Option<Vote>, StorageError> {
-        self.get_meta(KEY_VOTE, ErrorSubject::Vote)
-    }
-
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         // Not synced: the committed index is an optimisation that lets a restarted node re-apply
         // up to it at once. Losing it only means waiting for the leader to tell us again; it can
         // never be ahead of the synced log, because it is written after the entries it covers.
-        self.put_meta(KEY_COMMITTED, &committed, ErrorSubject::Store, false)
+        self.put_meta(KEY_COMMITTED, &committed, "store", false)
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        Ok(self.get_meta::<Option<LogId>>(KEY_COMMITTED, ErrorSubject::Store)?.flatten())
+        Ok(self.get_meta::<Option<LogId>>(KEY_COMMITTED, "store")?.flatten())
     }
 
     async fn append<I>(
         &mut self,
         entries: I,
-        callback: LogFlushed<TypeConfig>,
+        callback: IOFlushed<TypeConfig>,
     ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + OptionalSend,
@@ -293,8 +267,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         let mut last_index = None;
         for entry in entries {
-            let bytes = postcard::to_allocvec(&entry)
-                .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+            let bytes = postcard::to_allocvec(&entry).map_err(|e| io_err("write logs", e))?;
             batch.put_cf(cf, index_key(entry.log_id.index), bytes);
             last_index = Some(entry.log_id.index);
         }
@@ -312,38 +285,38 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // per entry) or needs openraft's pipelined log IO.
         match self.write_synced(batch) {
             Ok(()) => {
-                callback.log_io_completed(Ok(()));
+                callback.io_completed(Ok(()));
                 if let (Some(acked), Some(index)) = (&self.acked, last_index) {
                     acked.acked_log(index);
                 }
                 Ok(())
             }
             Err(e) => {
-                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
-                Err(io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+                callback.io_completed(Err(std::io::Error::other(e.to_string())));
+                Err(io_err("write logs", e))
             }
         }
     }
 
-    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        tracing::debug!(log_index = log_id.index, "truncating log");
+    async fn truncate_after(&mut self, last_kept: Option<LogId>) -> Result<(), StorageError> {
+        let first_gone = last_kept.as_ref().map_or(0, |l| l.index.saturating_add(1));
+        tracing::debug!(log_index = first_gone, "truncating log");
         if let Some(acked) = &self.acked {
             // Lowered durably *before* the truncation (see `storage::wal_tail`, point 3).
             acked
-                .before_truncate(log_id.index.saturating_sub(1))
-                .map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))?;
+                .before_truncate(first_gone.saturating_sub(1))
+                .map_err(|e| io_err("write logs", e))?;
         }
         let mut batch = WriteBatch::default();
-        batch.delete_range_cf(self.cf(CF_LOG)?, index_key(log_id.index), index_key(u64::MAX));
+        batch.delete_range_cf(self.cf(CF_LOG)?, index_key(first_gone), index_key(u64::MAX));
         // Durability: synced so a crash cannot resurrect conflicting entries after the leader
         // has been told they are gone and newer entries replaced them.
-        self.write_synced(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+        self.write_synced(batch).map_err(|e| io_err("write logs", e))
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         tracing::debug!(log_index = log_id.index, "purging log");
-        let meta_bytes = postcard::to_allocvec(&log_id)
-            .map_err(|e| io_err(ErrorSubject::Store, ErrorVerb::Write, e))?;
+        let meta_bytes = postcard::to_allocvec(&log_id).map_err(|e| io_err("write store", e))?;
         let mut batch = WriteBatch::default();
         // The purge marker and the deletion go in one batch, so the log never appears to start
         // after a gap.
@@ -357,6 +330,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // State-machine writes are not synced individually; syncing here flushes the shared WAL
         // up to this point, so the applied state the snapshot covers is durable before the log
         // entries that could rebuild it disappear.
-        self.write_synced(batch).map_err(|e| io_err(ErrorSubject::Logs, ErrorVerb::Write, e))
+        self.write_synced(batch).map_err(|e| io_err("write logs", e))
     }
 }

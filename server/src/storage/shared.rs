@@ -3,7 +3,7 @@
 //! revision for response headers, the applied-state feed, and the applied auth store.
 //! `state_machine` holds the openraft glue that writes it.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -59,7 +59,6 @@ pub struct Shared {
     /// (issue 19, Medium 9).
     pub(super) revision: AtomicI64,
     pub(super) snapshots: SnapshotFiles,
-    pub(super) snapshot_seq: AtomicU64,
     pub(super) events: broadcast::Sender<FeedItem>,
     /// The applied auth store, for permission checks on the API layer (`crate::auth`).
     pub(super) auth: crate::auth::AuthCache,
@@ -151,6 +150,11 @@ impl Shared {
     /// The applied auth store (users, roles, permissions; `crate::auth`).
     pub fn auth(&self) -> Arc<picket_proto::picket::storage::v1::AuthState> {
         self.auth.get()
+    }
+
+    /// A new path for a snapshot being received from the leader (`raft::snapshot_transfer`).
+    pub fn snapshot_receiving_path(&self) -> std::path::PathBuf {
+        self.snapshots.receiving_path()
     }
 
     /// Subscribes to the events of every revision applied from now on, and to every snapshot

@@ -8,13 +8,12 @@
 //! batch that reached the disk, and replaying an entry twice is impossible: openraft re-sends
 //! only entries after the `last_applied` we report, and we report what is on disk.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use openraft::storage::RaftStateMachine;
-use openraft::{
-    EntryPayload, ErrorSubject, ErrorVerb, OptionalSend, RaftSnapshotBuilder, StorageIOError,
-};
+use futures::{Stream, TryStreamExt};
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 use parking_lot::RwLock;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::{CommandResult, Empty};
@@ -44,18 +43,23 @@ pub struct StateMachine {
     shared: Arc<Shared>,
 }
 
+/// Which side of the state machine failed, for the I/O error openraft 0.10 takes.
+#[derive(Clone, Copy)]
+enum ErrorVerb {
+    Read,
+    Write,
+}
+
 fn sm_err(verb: ErrorVerb, e: impl std::fmt::Display) -> StorageError {
-    StorageIOError::new(ErrorSubject::StateMachine, verb, openraft::AnyError::error(e.to_string()))
-        .into()
+    let verb = match verb {
+        ErrorVerb::Read => "read",
+        ErrorVerb::Write => "write",
+    };
+    std::io::Error::other(format!("{verb} state machine: {e}"))
 }
 
 fn snap_err(e: impl std::fmt::Display) -> StorageError {
-    StorageIOError::new(
-        ErrorSubject::Snapshot(None),
-        ErrorVerb::Write,
-        openraft::AnyError::error(e.to_string()),
-    )
-    .into()
+    std::io::Error::other(format!("snapshot: {e}"))
 }
 
 impl StateMachine {
@@ -79,7 +83,6 @@ impl StateMachine {
                 inner: RwLock::new(inner),
                 revision,
                 snapshots,
-                snapshot_seq: AtomicU64::new(0),
                 events,
                 auth,
                 disk: std::sync::OnceLock::new(),
@@ -90,24 +93,13 @@ impl StateMachine {
     pub fn shared(&self) -> &Arc<Shared> {
         &self.shared
     }
-}
 
-impl RaftStateMachine<TypeConfig> for StateMachine {
-    type SnapshotBuilder = Self;
-
-    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
-        let inner = self.shared.inner.read();
-        Ok((inner.last_applied, inner.membership.clone()))
-    }
-
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Applied>, StorageError>
-    where
-        I: IntoIterator<Item = Entry> + OptionalSend,
-        I::IntoIter: OptionalSend,
-    {
+    /// Applies `entries` as one batch: hands each command to `crate::apply`, commits the batch,
+    /// refreshes auth and publishes the events; one result per entry, in order.
+    pub fn apply_entries(&self, entries: Vec<Entry>) -> Result<Vec<Applied>, StorageError> {
         let mut guard = self.shared.inner.write();
         let Inner { store, leases, last_applied, membership } = &mut *guard;
-        let mut results = Vec::new();
+        let mut results = Vec::with_capacity(entries.len());
         // The lease table is changed in place: if the batch below fails to commit, the node
         // stops (a storage failure is fatal), so there is no half-applied table to roll back.
         let mut batch = store.begin_apply();
@@ -167,20 +159,44 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         }
         Ok(results)
     }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = SnapshotData;
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+        let inner = self.shared.inner.read();
+        Ok((inner.last_applied, inner.membership.clone()))
+    }
+
+    async fn apply<Strm>(&mut self, entries: Strm) -> Result<(), StorageError>
+    where
+        Strm:
+            Stream<Item = Result<EntryResponder<TypeConfig>, StorageError>> + Unpin + OptionalSend,
+    {
+        // Collected before the (synchronous) state lock is taken: one batch per call.
+        let items: Vec<EntryResponder<TypeConfig>> = entries.try_collect().await?;
+        let (entries, responders): (Vec<Entry>, Vec<_>) = items.into_iter().unzip();
+        let results = self.apply_entries(entries)?;
+        // The batch is committed in apply order, auth refreshed and the events out: only now do
+        // the results reach the clients waiting on them.
+        for (responder, applied) in responders.into_iter().zip(results) {
+            if let Some(r) = responder {
+                r.send(applied);
+            }
+        }
+        Ok(())
+    }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<SnapshotData>, StorageError> {
-        let path = self.shared.snapshots.receiving_path();
-        Ok(Box::new(SnapshotData::create_temp(path).await.map_err(snap_err)?))
-    }
-
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        mut data: Box<SnapshotData>,
+        mut data: SnapshotData,
     ) -> Result<(), StorageError> {
         // Installing rewrites the store in one batch, which holds it in memory anyway.
         let blob = data.read_all().await.map_err(snap_err)?;
@@ -241,20 +257,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             .map_err(snap_err)?;
         let Some((meta, file, base)) = found else { return Ok(None) };
         let data = SnapshotData::new(file, base).map_err(snap_err)?;
-        Ok(Some(Snapshot { meta, snapshot: Box::new(data) }))
+        Ok(Some(Snapshot { meta, snapshot: data }))
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    type SnapshotData = SnapshotData;
+
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
         let shared = self.shared.clone();
-        let seq = self.shared.snapshot_seq.fetch_add(1, Ordering::Relaxed);
         // Building reads the whole store and writes it to the snapshot file: keep it off the
         // async runtime's worker threads.
         let (meta, (bytes, file, base)) = tokio::task::spawn_blocking(move || {
             let db = shared.engine.db();
             let view = db.snapshot();
-            let meta = snapshot_meta(&shared.engine, &view, seq)?;
+            let meta = snapshot_meta(&shared.engine, &view)?;
             let saved = shared.snapshots.save_from(&meta, db, &view)?;
             Ok::<_, snapshot::SnapshotError>((meta, saved))
         })
@@ -264,7 +281,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         tracing::info!(log_index = meta.last_log_id.map(|l| l.index), bytes, "built snapshot");
         // The data is the file just written, not a copy in memory.
         let data = SnapshotData::new(file, base).map_err(snap_err)?;
-        Ok(Snapshot { meta, snapshot: Box::new(data) })
+        Ok(Snapshot { meta, snapshot: data })
     }
 }
 
@@ -273,15 +290,12 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
 fn snapshot_meta(
     engine: &RocksEngine,
     view: &snapshot::View<'_>,
-    seq: u64,
 ) -> Result<SnapshotMeta, snapshot::SnapshotError> {
     let meta_cf = engine.cf_handle(Cf::Meta);
     let (last_log_id, last_membership) = raft_progress(|key| view.get_cf(meta_cf, key))?;
-    let snapshot_id = match last_log_id {
-        Some(l) => format!("{}-{}-{}", l.leader_id, l.index, seq),
-        None => format!("--{seq}"),
-    };
-    Ok(SnapshotMeta { last_log_id, last_membership, snapshot_id })
+    // openraft 0.10 dropped the snapshot id (it still writes an empty one where 0.9 put it, so
+    // snapshot files keep their layout).
+    Ok(SnapshotMeta { last_log_id, last_membership })
 }
 
 #[cfg(test)]

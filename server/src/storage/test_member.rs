@@ -2,8 +2,7 @@
 //! consecutive log entries, without openraft. Used by apply-tier tests in several modules
 //! (`api/auth_tests.rs`, `subscription/record_tests.rs`), which add their own helpers to it.
 
-use openraft::storage::RaftStateMachine;
-use openraft::{CommittedLeaderId, EntryPayload, LogId};
+use openraft::EntryPayload;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::RaftCommand;
@@ -35,10 +34,10 @@ impl Member {
     pub(crate) async fn apply(&mut self, cmd: Cmd) -> CmdResult {
         self.index += 1;
         let entry = Entry {
-            log_id: LogId::new(CommittedLeaderId::new(1, 1), self.index),
+            log_id: crate::raft::types::log_id(1, 1, self.index),
             payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd) })),
         };
-        let mut out = self.sm.apply([entry]).await.expect("apply");
+        let mut out = self.sm.apply_entries(vec![entry]).expect("apply");
         out.pop().and_then(|a| a.0.result).expect("one result")
     }
 }
