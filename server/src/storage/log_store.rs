@@ -3,7 +3,8 @@
 //! Layout: column family `raft_log` maps the big-endian log index to the postcard-encoded
 //! [`Entry`]; `raft_meta` holds the vote, the committed log id and the last purged log id.
 //! The state machine lives in other column families of the same RocksDB instance, which
-//! shares one write-ahead log: see the durability notes on each write below.
+//! shares one write-ahead log: see the durability notes on each write below. Appends are
+//! written without a sync; `log_flusher` syncs them in groups, off openraft's core task.
 
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
@@ -12,6 +13,8 @@ use std::sync::Arc;
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
+
+use super::log_flusher::LogFlusher;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -23,10 +26,13 @@ const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
 
-/// The Raft log. Cheap to clone: clones share the database and serve as log readers.
+/// The Raft log. Cheap to clone: clones share the database and the flusher, and serve as log
+/// readers.
 #[derive(Clone)]
 pub struct LogStore {
     db: Arc<DB>,
+    /// Syncs appends and completes their callbacks (`log_flusher`).
+    flusher: Arc<LogFlusher>,
     /// Times every synced write (`picket_disk_wal_fsync_duration_seconds`); none offline.
     disk: Option<crate::metrics::disk::DiskMetrics>,
     /// What this member acknowledged, kept outside RocksDB (`storage::wal_tail`); none offline.
@@ -51,12 +57,21 @@ fn synced() -> WriteOptions {
 impl LogStore {
     /// Opens the log on a database that already has the `raft_log` and `raft_meta` column
     /// families (see `storage::rocks`).
+    /// Starts the log's flusher thread.
     pub fn new(db: Arc<DB>) -> Result<Self, StorageError> {
-        Ok(Self { db, disk: None, acked: None })
+        let flusher = Arc::new(LogFlusher::start(db.clone())?);
+        Ok(Self { db, flusher, disk: None, acked: None })
+    }
+
+    /// The flusher that syncs this log's appends.
+    #[cfg(test)]
+    pub(crate) fn flusher(&self) -> &LogFlusher {
+        &self.flusher
     }
 
     /// Records every acknowledged append and vote in `record` (see `storage::wal_tail`).
     pub fn with_acked_record(mut self, record: super::wal_tail::AckedRecord) -> Self {
+        self.flusher.set_acked_record(record.clone());
         self.acked = Some(record);
         self
     }
@@ -76,8 +91,9 @@ impl LogStore {
         Ok((last_entry.or(last_purged.map(|l| l.index)), vote.map(|v| v.leader_id().term)))
     }
 
-    /// Observes the latency of every synced write in `disk`.
+    /// Observes the latency of every synced write and WAL sync in `disk`.
     pub fn with_metrics(mut self, disk: crate::metrics::disk::DiskMetrics) -> Self {
+        self.flusher.set_metrics(disk.clone());
         self.disk = Some(disk);
         self
     }
@@ -245,8 +261,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
         // Not synced: the committed index is an optimisation that lets a restarted node re-apply
-        // up to it at once. Losing it only means waiting for the leader to tell us again; it can
-        // never be ahead of the synced log, because it is written after the entries it covers.
+        // up to it at once. Losing it only means waiting for the leader to tell us again. It can
+        // never survive a crash that loses entries it covers: it is written to the shared WAL
+        // after them (they may still await their sync in `log_flusher`), and a recovered WAL is
+        // a prefix of what was written.
         self.put_meta(KEY_COMMITTED, &committed, "store", false)
     }
 
@@ -271,36 +289,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             batch.put_cf(cf, index_key(entry.log_id.index), bytes);
             last_index = Some(entry.log_id.index);
         }
-        // Durability: openraft counts this node towards the commit quorum as soon as the
-        // callback fires, so the entries must be on stable storage first. The synced write
-        // fsyncs the shared WAL, which also makes every earlier unsynced state-machine write
-        // durable.
-        //
-        // Performance note (issue 9): openraft 0.9 calls `append` once per client write on the
-        // leader and awaits this callback before handling its next message, so there is no
-        // group commit to be had here and the fsync is the leader's per-write floor. Writing on
-        // the blocking pool (`spawn_blocking`) was measured slower (the core task then waits for
-        // a wake-up after every fsync), and `block_in_place` made no measurable difference, so
-        // the write stays in place. Batching happens above openraft instead (several commands
-        // per entry) or needs openraft's pipelined log IO.
-        match self.write_synced(batch) {
-            Ok(()) => {
-                callback.io_completed(Ok(()));
-                if let (Some(acked), Some(index)) = (&self.acked, last_index) {
-                    acked.acked_log(index);
-                }
-                Ok(())
-            }
-            Err(e) => {
-                callback.io_completed(Err(std::io::Error::other(e.to_string())));
-                Err(io_err("write logs", e))
-            }
+        // Not synced here: the entries are readable once written, which is all openraft 0.10
+        // needs before it replicates them. It counts this member towards the commit quorum
+        // only when the callback fires, and `log_flusher` fires it after a WAL sync that covers
+        // this write (one sync for every append queued meanwhile). Until then a crash may lose
+        // these entries, which nobody has been told are durable.
+        if let Err(e) = self.db.write_opt(batch, &WriteOptions::default()) {
+            callback.io_completed(Err(std::io::Error::other(e.to_string())));
+            return Err(io_err("write logs", e));
         }
+        self.flusher.push(last_index, callback)
     }
 
     async fn truncate_after(&mut self, last_kept: Option<LogId>) -> Result<(), StorageError> {
         let first_gone = last_kept.as_ref().map_or(0, |l| l.index.saturating_add(1));
         tracing::debug!(log_index = first_gone, "truncating log");
+        // Every pending acknowledgement first: one completing after the record is lowered
+        // below would raise it above the truncated log (`wal_tail`, point 3).
+        self.flusher.drain()?;
         if let Some(acked) = &self.acked {
             // Lowered durably *before* the truncation (see `storage::wal_tail`, point 3).
             acked
@@ -316,6 +322,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
         tracing::debug!(log_index = log_id.index, "purging log");
+        // Not needed for safety (a purge removes only entries a snapshot covers, and the
+        // record never goes down here), but it keeps every synced log write after the
+        // acknowledgements of the appends before it, which is simpler to reason about.
+        self.flusher.drain()?;
         let meta_bytes = postcard::to_allocvec(&log_id).map_err(|e| io_err("write store", e))?;
         let mut batch = WriteBatch::default();
         // The purge marker and the deletion go in one batch, so the log never appears to start

@@ -6,7 +6,8 @@
 //!   (after TiKV's `BTreeEngine`). Nothing above this module needs to know which engine runs.
 //! - [`rocks`]: the production engine on RocksDB. The Raft log store uses its `DB` handle and
 //!   column families directly.
-//! - `log_store`: openraft's `RaftLogStorage` on the `raft_log`/`raft_meta` column families.
+//! - `log_store`: openraft's `RaftLogStorage` on the `raft_log`/`raft_meta` column families;
+//!   `log_flusher` syncs its appends in groups, off openraft's core task.
 //! - `state_machine`: openraft's `RaftStateMachine`; decodes committed commands and dispatches
 //!   them to [`crate::mvcc`] and [`crate::lease`], one engine write batch per `apply()` call.
 //! - `snapshot`: state-machine snapshots built from a consistent engine view.
@@ -18,6 +19,7 @@ pub mod engine;
 pub mod rocks;
 
 // Owned by the Raft layer (see the list above).
+pub mod log_flusher;
 pub mod log_store;
 pub mod shared;
 pub mod snapshot;

@@ -20,8 +20,9 @@
 //!
 //! # The argument
 //!
-//! 1. An acknowledgement follows the fsync of the write it covers (`append` fires openraft's
-//!    callback after the synced write returns; `save_vote` returns after it). A write is
+//! 1. An acknowledgement follows the fsync of the write it covers (`log_flusher` fires an
+//!    append's callback after a WAL sync that began after the append was written; `save_vote`
+//!    returns after its synced write). A write is
 //!    complete in the WAL before its fsync returns. So a record that is *cut short by the end
 //!    of the file* was never synced, and was never acknowledged: dropping it (and nothing
 //!    else) loses only unacknowledged data. RocksDB's `TolerateCorruptedTailRecords` recovery
@@ -41,8 +42,10 @@
 //!    that interval plus one small write and fsync. Entries acknowledged within that window
 //!    rest on point 1 alone. Writing after every acknowledgement (one extra fsync per log
 //!    append on every member) doubled the fsyncs the disk served and cost single-client puts
-//!    about a fifth of their latency on a shared disk (docs/benchmarks.md, "Write path"). A truncation lowers the record *synchronously, before* the
-//!    truncating write, so the record never claims more than the log may legitimately hold.
+//!    about a fifth of their latency on a shared disk (docs/benchmarks.md, "Write path"). A truncation first waits until every pending append's
+//!    acknowledgement is done (`LogFlusher::drain`, so none can raise the record afterwards),
+//!    then lowers the record *synchronously, before* the truncating write, so the record never
+//!    claims more than the log may legitimately hold.
 //! 4. The record has two slots, written alternately, each with a sequence number and a CRC: a
 //!    torn write of one slot leaves the other. A missing file (a data dir from before this
 //!    check, or built offline by `picket snapshot restore`) means "nothing recorded".

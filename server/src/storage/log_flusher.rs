@@ -1,0 +1,219 @@
+//! The Raft log's fsync, off openraft's core task (issue 20, docs/openraft-0.10-migration.md).
+//!
+//! openraft 0.10 lets `append` return once the entries are written and readable, and takes the
+//! flush as a later callback (`IOFlushed`): the leader replicates while its own fsync runs, and
+//! counts itself towards the commit quorum only when the callback fires. `LogStore::append`
+//! writes the entries without syncing and queues the callback here; one thread takes everything
+//! queued, syncs the WAL once for all of it (`DB::flush_wal(true)`: group commit), records the
+//! acknowledgement (`wal_tail`) and completes the callbacks in queue order.
+//!
+//! Why one sync covers a group: RocksDB has one WAL for every column family, written in order;
+//! every batch taken was written before it was taken, and syncing the WAL makes everything
+//! written to it before the sync durable. A recovered WAL is a prefix of what was written
+//! (`wal_tail`), so anything written after a queued append (the committed index, state-machine
+//! batches) can never survive a crash that loses the append.
+//!
+//! A failed sync completes every queued callback with the error and poisons the flusher: every
+//! later append fails at once, and openraft stops the member (a storage failure is fatal, as a
+//! failed synced write always was).
+
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use openraft::storage::IOFlushed;
+use rocksdb::DB;
+
+use super::wal_tail::AckedRecord;
+use crate::metrics::disk::DiskMetrics;
+use crate::raft::types::TypeConfig;
+
+/// How long `drain` waits for the flusher to finish what is queued. One WAL sync takes
+/// milliseconds on a working disk; a disk that does not finish one in this time is failing, and
+/// the truncation or purge waiting on it fails (openraft then stops the member) rather than
+/// wait forever.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long dropping the last handle waits for the thread to exit (it finishes the sync in
+/// progress, if any, and completes its callbacks). Past this the thread is left to end on its
+/// own; it holds the database open until then.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Default)]
+struct State {
+    /// Appends written but not yet synced: each one's last index (none for an empty append)
+    /// and its callback, in append order.
+    queue: Vec<(Option<u64>, IOFlushed<TypeConfig>)>,
+    /// The thread has taken a group and not yet completed its callbacks.
+    flushing: bool,
+    /// Set by the last handle's drop: finish what is queued, then exit.
+    stop: bool,
+    /// The first failed sync: every later append fails with it.
+    poisoned: Option<String>,
+}
+
+struct Inner {
+    db: Arc<DB>,
+    state: Mutex<State>,
+    /// Wakes the thread: something was queued, or stop was set.
+    work: Condvar,
+    /// Wakes `drain`: the queue emptied and no group is in flight.
+    idle: Condvar,
+    acked: OnceLock<AckedRecord>,
+    disk: OnceLock<DiskMetrics>,
+}
+
+/// The flusher: a handle shared by every clone of one `LogStore`.
+pub struct LogFlusher {
+    inner: Arc<Inner>,
+    exited: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl LogFlusher {
+    /// Starts the flusher thread for `db`.
+    pub fn start(db: Arc<DB>) -> std::io::Result<Self> {
+        let inner = Arc::new(Inner {
+            db,
+            state: Mutex::new(State::default()),
+            work: Condvar::new(),
+            idle: Condvar::new(),
+            acked: OnceLock::new(),
+            disk: OnceLock::new(),
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread_inner = inner.clone();
+        std::thread::Builder::new().name("raft-log-flush".into()).spawn(move || {
+            run(&thread_inner);
+            let _ = tx.send(());
+        })?;
+        Ok(Self { inner, exited: Mutex::new(rx) })
+    }
+
+    /// Records every synced append in `record` from now on (`wal_tail`; the first call wins).
+    pub fn set_acked_record(&self, record: AckedRecord) {
+        let _ = self.inner.acked.set(record);
+    }
+
+    /// Times every WAL sync in `disk` from now on (the first call wins).
+    pub fn set_metrics(&self, disk: DiskMetrics) {
+        let _ = self.inner.disk.set(disk);
+    }
+
+    /// Queues the callback of an append whose entries (up to `last_index`) were just written
+    /// without a sync; it fires after the next sync. Fails, without queueing, once a sync
+    /// failed.
+    pub fn push(
+        &self,
+        last_index: Option<u64>,
+        callback: IOFlushed<TypeConfig>,
+    ) -> std::io::Result<()> {
+        let mut state = lock(&self.inner.state);
+        if let Some(e) = &state.poisoned {
+            let e = std::io::Error::other(format!("raft log sync failed earlier: {e}"));
+            drop(state);
+            callback.io_completed(Err(std::io::Error::other(e.to_string())));
+            return Err(e);
+        }
+        state.queue.push((last_index, callback));
+        drop(state);
+        self.inner.work.notify_one();
+        Ok(())
+    }
+
+    /// Waits until every queued callback has completed, bounded by [`DRAIN_TIMEOUT`]. Called
+    /// before a truncation, so a late acknowledgement cannot raise the `wal_tail` record above
+    /// the truncated log.
+    pub fn drain(&self) -> std::io::Result<()> {
+        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        let mut state = lock(&self.inner.state);
+        while !state.queue.is_empty() || state.flushing {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "raft log sync did not finish within 30 s",
+                ));
+            }
+            state = match self.inner.idle.wait_timeout(state, left) {
+                Ok((s, _)) => s,
+                Err(p) => p.into_inner().0,
+            };
+        }
+        match &state.poisoned {
+            Some(e) => Err(std::io::Error::other(format!("raft log sync failed: {e}"))),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+impl LogFlusher {
+    /// Marks the flusher as if a sync had failed with `e`.
+    pub(crate) fn poison_for_test(&self, e: &str) {
+        lock(&self.inner.state).poisoned = Some(e.to_string());
+    }
+}
+
+impl Drop for LogFlusher {
+    fn drop(&mut self) {
+        lock(&self.inner.state).stop = true;
+        self.inner.work.notify_one();
+        // Bounded: see STOP_TIMEOUT. Until the thread exits it holds the database open, so a
+        // restart in the same process waits for it here rather than find the database locked.
+        let exited = self.exited.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = exited.recv_timeout(STOP_TIMEOUT);
+    }
+}
+
+/// A poisoned lock only means a panic elsewhere while it was held; the state stays usable.
+fn lock(m: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn run(inner: &Inner) {
+    loop {
+        let group = {
+            let mut state = lock(&inner.state);
+            while state.queue.is_empty() && !state.stop {
+                state = inner.work.wait(state).unwrap_or_else(|p| p.into_inner());
+            }
+            if state.queue.is_empty() {
+                return; // stop, and nothing left to sync
+            }
+            state.flushing = true;
+            std::mem::take(&mut state.queue)
+        };
+        // Durability: every append in `group` was written to the WAL before it was queued, and
+        // this syncs the WAL up to at least its end, so each entry is on stable storage before
+        // its callback tells openraft it is (module docs).
+        let synced = match inner.disk.get() {
+            Some(d) => d.time_wal_fsync(|| inner.db.flush_wal(true)),
+            None => inner.db.flush_wal(true),
+        };
+        let failure = synced.err().map(|e| e.to_string());
+        if failure.is_none() {
+            if let (Some(acked), Some(last)) =
+                (inner.acked.get(), group.iter().filter_map(|(i, _)| *i).max())
+            {
+                acked.acked_log(last);
+            }
+        }
+        for (_, callback) in group {
+            match &failure {
+                None => callback.io_completed(Ok(())),
+                Some(e) => callback.io_completed(Err(std::io::Error::other(e.clone()))),
+            }
+        }
+        let mut state = lock(&inner.state);
+        state.flushing = false;
+        if let Some(e) = failure {
+            tracing::error!(error = %e, "raft log sync failed; the member stops");
+            state.poisoned.get_or_insert(e);
+        }
+        drop(state);
+        inner.idle.notify_all();
+    }
+}
+
+#[cfg(test)]
+#[path = "log_flusher_tests.rs"]
+mod tests;
