@@ -1,5 +1,7 @@
 # Shell functions the side-by-side benchmark scripts share (sourced by scripts/bench-vs-etcd.sh
-# and scripts/bench-queue.sh, from the project root).
+# and scripts/bench-queue.sh, from the project root). The variables bench_prelude sets are used by
+# those scripts, which shellcheck, looking at this file alone, cannot see.
+# shellcheck shell=bash disable=SC2034
 
 # Peak of the summed VmRSS (KiB) of the given PIDs, sampled every 0.5 s until killed; the
 # result goes to file $1. Bounded by the caller, which kills it when its run ends.
@@ -21,13 +23,15 @@ sample_rss() { # out pid...
 # stops no service); builds the release binaries with the command CI uses (so feature
 # unification and the RocksDB build are shared with it) unless BENCH_NO_BUILD=1 (use the
 # binaries already built, e.g. while other work changes the tree); and sets `bin`, `picketd`
-# (PICKETD_BIN runs another build, e.g. a copy of an older commit's, for before/after), `root`
-# (a new temp dir named after $1), `pids` and `results`.
+# (PICKETD_BIN runs another build, e.g. a copy of an older commit's, for before/after), `bench`
+# (the load generator, $bin/picket-bench unless BENCH_BIN names another), `root` (a new temp dir
+# named after $1), `pids` and `results`.
 bench_prelude() { # temp-dir-name
   scripts/setup-deps.sh
   [ -n "${BENCH_NO_BUILD:-}" ] || cargo build --workspace --release
   bin="${CARGO_TARGET_DIR:-target}/release"
   picketd="${PICKETD_BIN:-$bin/picketd}"
+  bench="${BENCH_BIN:-$bin/picket-bench}"
   root=$(mktemp -d "/tmp/$1.XXXXXX")
   pids=()
   results="$root/results.tsv"

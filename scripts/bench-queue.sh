@@ -30,10 +30,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-10}"
 rounds="${2:-1}"
-# bench_prelude (setup, build, bin, picketd, root, pids, results) and sample_rss.
+# bench_prelude (setup, build, bin, picketd, bench, root, pids, results) and sample_rss.
 . scripts/bench-lib.sh
 bench_prelude picket-bench-queue
-bench="${BENCH_BIN:-$bin/picket-bench}"
 rmq_bin="${RABBITMQ_BIN_DIR:-/usr/lib/rabbitmq/bin}"
 # Kills process $1 after its descendants, found by parent PID (never by name): a rabbitmq-server
 # shell is its beam.smp's parent, and beam.smp is erl_child_setup's. Killing the shell alone

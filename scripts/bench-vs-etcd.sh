@@ -12,66 +12,156 @@
 # steal included: near 100 % the run was bound by CPU, so the throughput ratio is a ratio of CPU
 # per operation), and for puts the servers' resident memory (sum of the three members' VmRSS,
 # peak of samples taken every 0.5 s during the run, median over rounds).
-# Both clusters live under a temp dir that is removed at the end; every process started here is
+#
+# Fresh clusters (issue 20: "every row in 3 rounds with fresh clusters"): every round starts both
+# clusters anew (empty data dirs; the round begins once each has committed a write and every
+# member answers `endpoint health`), runs its rows, then kills both clusters' members by PID,
+# waits until they have exited and removes their data dirs, so no round runs on the history
+# (keys, revisions, compaction debt, memtables) that earlier rounds left. BENCH_SAME_CLUSTER=1
+# (any non-empty value) instead starts the two clusters once and runs every round against them:
+# that is what "RSS after the put x64 rounds" measures, the memory after accumulated history.
+# Each round's second line names the members' PIDs and the revision each cluster starts it at.
+#
+# Binaries: picketd from ${CARGO_TARGET_DIR:-target}/release (PICKETD_BIN overrides it),
+# picket-bench likewise (BENCH_BIN); BENCH_NO_BUILD=1 skips `cargo build --workspace --release`.
+# The clusters live under a temp dir that is removed at the end; every process started here is
 # killed by PID on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-10}"
 rounds="${2:-1}"
-# bench_prelude (setup, build, bin, picketd, root, pids, results) and sample_rss.
+same_cluster="${BENCH_SAME_CLUSTER:-}"
+# bench_prelude (setup, build, bin, picketd, bench, root, pids, results) and sample_rss.
 . scripts/bench-lib.sh
 bench_prelude picket-bench
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  # Bounded in practice: every child left has just been sent SIGKILL, which it can neither catch
+  # nor ignore (the rounds' stopped members are already reaped and out of `pids`).
   wait 2>/dev/null || true
   rm -rf "$root"
 }
-trap cleanup EXIT INT TERM
+trap cleanup EXIT
+# On INT or TERM, exit (which runs cleanup through the EXIT trap) rather than run cleanup and
+# carry on: the script would go on to start the next round's clusters in the removed temp dir.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
-start_cluster() { # kind base_port
+# Drops the given PIDs from `pids` once they have been reaped: the kernel may hand a reaped PID
+# to an unrelated process, which cleanup must not kill.
+forget() { # pid...
+  local keep=() p q
+  for p in "${pids[@]}"; do
+    for q in "$@"; do [ "$p" = "$q" ] && continue 2; done
+    keep+=("$p")
+  done
+  pids=("${keep[@]}")
+}
+# True once process $1 has exited: gone from /proc, or a zombie (state Z), which has already
+# closed its sockets and freed its memory and only waits to be reaped. `kill -0` cannot tell:
+# it succeeds on a zombie.
+exited() { # pid
+  local st
+  st=$(sed -n 's/^.*) \(.\).*/\1/p' "/proc/$1/stat" 2>/dev/null) || return 0
+  [ -z "$st" ] || [ "$st" = Z ]
+}
+
+# Base ports below the kernel's ephemeral range (32768-60999 by default): a port inside it can be
+# taken by an outgoing connection's source port (a TIME-WAIT self-connection once kept a member
+# from binding its client port, and the run then counted its clients' failures as errors).
+# Every round's fresh clusters use the same ports: the previous round's members have exited
+# before they start (stop_clusters), and both servers set SO_REUSEADDR on their listeners (Go's
+# net.Listen, tokio's TcpListener::bind), so the TIME-WAIT connections a killed member leaves on
+# its ports do not block the next bind; a member that cannot bind fails the health check below.
+PB=21000
+EB=22000
+eps() { echo "http://127.0.0.1:$(($1 + 10)),http://127.0.0.1:$(($1 + 20)),http://127.0.0.1:$(($1 + 30))"; }
+# The running clusters: `tag` names their data dir ($root/$tag) and logs ($root/$tag-*.log);
+# picket_pids and etcd_pids are their members' PIDs, n1 to n3.
+tag=""
+picket_pids=()
+etcd_pids=()
+
+start_cluster() { # kind base_port; sets `started` to the members' PIDs
   local kind=$1 base=$2 cluster="" i
+  started=()
   for i in 1 2 3; do cluster+="${cluster:+,}n$i=http://127.0.0.1:$((base + 10 * i + 1))"; done
   for i in 1 2 3; do
     local c=$((base + 10 * i)) p=$((base + 10 * i + 1))
-    local args=(--name "n$i" --data-dir "$root/$kind/n$i"
+    local args=(--name "n$i" --data-dir "$root/$tag/$kind/n$i"
       --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c"
       --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p"
       --initial-cluster "$cluster" --initial-cluster-state new)
     if [ "$kind" = picket ]; then
-      "$picketd" "${args[@]}" 2>"$root/$kind-n$i.log" &
+      "$picketd" "${args[@]}" 2>"$root/$tag-$kind-n$i.log" &
     else
-      etcd "${args[@]}" 2>"$root/$kind-n$i.log" &
+      etcd "${args[@]}" 2>"$root/$tag-$kind-n$i.log" &
     fi
     pids+=($!)
+    started+=($!)
   done
 }
-# Base ports below the kernel's ephemeral range (32768-60999 by default): a port inside it can be
-# taken by an outgoing connection's source port (a TIME-WAIT self-connection once kept a member
-# from binding its client port, and the run then counted its clients' failures as errors).
-PB=21000
-EB=22000
-start_cluster picket $PB
-picket_pids=("${pids[@]}")
-start_cluster etcd $EB
-etcd_pids=("${pids[@]:3}")
-eps() { echo "http://127.0.0.1:$(($1 + 10)),http://127.0.0.1:$(($1 + 20)),http://127.0.0.1:$(($1 + 30))"; }
-# Wait (bounded: 60 x 0.5 s) until both clusters commit a write.
-for base in $PB $EB; do
-  for _ in $(seq 60); do
-    ETCDCTL_API=3 etcdctl --endpoints="$(eps $base)" put ready 1 >/dev/null 2>&1 && break
-    sleep 0.5
+# Starts both clusters with new data dirs under $root/$1 and returns once both are ready.
+start_clusters() { # tag
+  tag=$1
+  start_cluster picket $PB
+  picket_pids=("${started[@]}")
+  start_cluster etcd $EB
+  etcd_pids=("${started[@]}")
+  local base ep ok _
+  # Wait (bounded: 60 x 0.5 s) until both clusters commit a write.
+  for base in $PB $EB; do
+    for _ in $(seq 60); do
+      ETCDCTL_API=3 etcdctl --endpoints="$(eps "$base")" put ready 1 >/dev/null 2>&1 && break
+      sleep 0.5
+    done
   done
-done
-# Every member must answer before anything is measured: a member that failed to start would
-# otherwise show up only as client errors in the figures. Bounded: 20 x 0.5 s per member.
-for ep in $(eps $PB | tr , ' ') $(eps $EB | tr , ' '); do
-  ok=""
-  for _ in $(seq 20); do
-    ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
-    sleep 0.5
+  # Every member must answer before anything is measured: a member that failed to start would
+  # otherwise show up only as client errors in the figures. Bounded: 20 x 0.5 s per member.
+  for ep in $(eps $PB | tr , ' ') $(eps $EB | tr , ' '); do
+    ok=""
+    for _ in $(seq 20); do
+      ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
+      sleep 0.5
+    done
+    [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$root/$tag"-*-n*.log >&2; exit 1; }
   done
-  [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$root"/*-n*.log >&2; exit 1; }
-done
+}
+# Kills both clusters' members by PID (SIGKILL: their data is about to be removed, so there is
+# nothing to shut down cleanly), waits until each has exited (its ports and memory are then free
+# for the next round's members), reaps and forgets them, and removes their data dirs.
+stop_clusters() {
+  local p gone _ stuck=""
+  # Quiet: bash would report every member as a job killed by a signal.
+  {
+    for p in "${picket_pids[@]}" "${etcd_pids[@]}"; do kill -9 "$p" || true; done
+    for p in "${picket_pids[@]}" "${etcd_pids[@]}"; do
+      # Bounded: 100 x 0.1 s. SIGKILL cannot be caught or ignored, so a member exits as soon as
+      # it is scheduled, unless it sits in an uninterruptible wait (an fsync in flight), which on
+      # a local disk ends well within 10 s. Past that the script stops rather than start the
+      # next round's cluster beside a member that still holds its ports and memory.
+      gone=""
+      for _ in $(seq 100); do
+        exited "$p" && { gone=1; break; }
+        sleep 0.1
+      done
+      [ -n "$gone" ] || { stuck=$p; break; }
+      # Returns at once: the member has exited (this reaps its zombie or reads the status bash
+      # kept when it reaped it).
+      wait "$p" || true
+    done
+  } 2>/dev/null
+  [ -z "$stuck" ] || { echo "member PID $stuck has not exited 10 s after SIGKILL" >&2; exit 1; }
+  forget "${picket_pids[@]}" "${etcd_pids[@]}"
+  picket_pids=()
+  etcd_pids=()
+  rm -rf "${root:?}/$tag"
+}
+# The store revision the cluster at base port $1 is at (a serializable read of the first member).
+revision() { # base_port
+  ETCDCTL_API=3 etcdctl --endpoints="http://127.0.0.1:$(($1 + 10))" get ready --consistency=s -w fields 2>/dev/null \
+    | awk -F' : ' '$1 == "\"Revision\"" {print $2; exit}' || true
+}
 # True when the workload is selected (BENCH_ONLY unset or naming it, or naming its family:
 # "put" selects put-1 and put-64).
 want() {
@@ -80,7 +170,7 @@ want() {
 }
 run() { # name workload clients conns [rss]
   want "$1" || return 0
-  local kind base line rss_pid rss
+  local kind base line rss_pid rss p
   for kind in picket etcd; do
     base=$PB; p=("${picket_pids[@]}")
     [ "$kind" = etcd ] && { base=$EB; p=("${etcd_pids[@]}"); }
@@ -92,20 +182,27 @@ run() { # name workload clients conns [rss]
       rss_pid=$!
       pids+=("$rss_pid")
     fi
-    line=$("$bin/picket-bench" --endpoints "$(eps $base)" --workload "$2" --clients "$3" --conns "$4" \
+    line=$("$bench" --endpoints "$(eps "$base")" --workload "$2" --clients "$3" --conns "$4" \
       --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" || echo "failed (exit $?)")
     rss=""
     if [ -n "$rss_pid" ]; then
       kill "$rss_pid" 2>/dev/null || true
+      # Returns at once: the sampler is a subshell without traps, which SIGTERM ends at once.
       wait "$rss_pid" 2>/dev/null || true
+      forget "$rss_pid"
       rss=$(cat "$root/rss" 2>/dev/null || echo 0)
     fi
     echo "$line${rss:+ rss_kib=$rss}"
     printf '%s\t%s\t%s\t%s\t%s\n' "$r" "$1" "$kind" "$line" "$rss" >>"$results"
   done
 }
+[ -z "$same_cluster" ] || start_clusters all-rounds
 for r in $(seq "$rounds"); do
   echo "# round $r (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
+  [ -n "$same_cluster" ] || start_clusters "round$r"
+  echo "# round $r $([ -n "$same_cluster" ] && echo "clusters shared by all rounds" || echo "fresh clusters"):" \
+    "picket pids $(IFS=,; echo "${picket_pids[*]}") at revision $(revision $PB)," \
+    "etcd pids $(IFS=,; echo "${etcd_pids[*]}") at revision $(revision $EB)"
   run put-1 put 1 1
   run put-64 put 64 8 rss
   run get get 64 8
@@ -124,7 +221,7 @@ for r in $(seq "$rounds"); do
     base=$PB; p=("${picket_pids[@]}")
     [ "$kind" = etcd ] && { base=$EB; p=("${etcd_pids[@]}"); }
     printf '%-7s ' "$kind"
-    "$bin/picket-bench" --endpoints "$(eps $base)" --workload lease-hold --leases 2000 \
+    "$bench" --endpoints "$(eps "$base")" --workload lease-hold --leases 2000 \
       --keepalive-interval 3 --conns 4 --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" \
       || echo "failed (exit $?)"
   done
@@ -135,11 +232,13 @@ for r in $(seq "$rounds"); do
       base=$PB
       [ "$kind" = etcd ] && base=$EB
       printf '%-7s ' "$kind"
-      "$bin/picket-bench" --endpoints "$(eps $base)" --workload watch --watchers "$w" \
+      "$bench" --endpoints "$(eps "$base")" --workload watch --watchers "$w" \
         --put-rate 50 --conns 8 --seconds "$secs" || echo "failed (exit $?)"
     done
   done
+  [ -n "$same_cluster" ] || stop_clusters
 done
+[ -z "$same_cluster" ] || stop_clusters
 echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 # Medians over the rounds with their spread, and Picket/etcd ratios of the medians.
 [ -s "$results" ] && python3 scripts/bench_summary.py "$results" etcd etcd ops
