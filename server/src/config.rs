@@ -449,7 +449,10 @@ impl Config {
 }
 
 /// `--log-level` when none is given: lifecycle and warnings, without openraft's per-step info.
-pub const DEFAULT_LOG_LEVEL: &str = "info,openraft=warn";
+/// openraft 0.10's heartbeat worker warns on every failed heartbeat, ten times a second per
+/// unreachable peer; a peer that is down already shows in the replication errors and in the
+/// metrics, so by default only its errors are kept.
+pub const DEFAULT_LOG_LEVEL: &str = "info,openraft=warn,openraft::core::heartbeat=error";
 
 /// Directives added under every `--log-level` that does not name their target. rustls warns,
 /// once per connection, about each TLS client that sends an IP address as SNI (which TLS
@@ -519,7 +522,7 @@ mod tests {
         // What `picketd` installed before: `--log-level` verbatim, under which rustls warned.
         assert!(warns(DEFAULT_LOG_LEVEL, true), "the old filter was expected to let rustls warn");
         let default = parse(&[]).log_filter();
-        assert_eq!(default, "info,openraft=warn,rustls=error");
+        assert_eq!(default, "info,openraft=warn,openraft::core::heartbeat=error,rustls=error");
         assert!(!warns(&default, true), "rustls warns under {default:?}");
         assert!(warns(&default, false), "our warnings are filtered under {default:?}");
         let asked = parse(&["--log-level", "info,rustls=warn"]).log_filter();
