@@ -142,11 +142,28 @@ impl Receiver {
             // A stale leader: tell it our vote; it steps down and stops sending.
             return Ok(Ok(SnapshotResponse::new(mine)));
         }
+        let vote = chunk.vote;
+        match self.accept(chunk, temp).await? {
+            None => Ok(Ok(SnapshotResponse::new(mine))),
+            Some(snapshot) => {
+                Ok(raft.install_full_snapshot(vote, snapshot).await.map_err(Into::into))
+            }
+        }
+    }
+
+    /// Writes one chunk into the transfer in progress; returns the whole snapshot, its data
+    /// positioned at the start, once the last chunk is in.
+    async fn accept(
+        &self,
+        chunk: Chunk,
+        temp: impl FnOnce() -> PathBuf,
+    ) -> Result<Option<Snapshot>, Status> {
         // Held across the writes: chunks of one transfer arrive one after another, so nobody
         // waits here in practice.
         let mut current = self.current.lock().await;
         if chunk.offset == 0 {
             // Dropping the previous transfer's data removes its file.
+            *current = None;
             let data = SnapshotData::create_temp(temp()).await.map_err(internal)?;
             *current = Some(Receiving { id: chunk.meta.snapshot_id.clone(), data, received: 0 });
         }
@@ -163,7 +180,7 @@ impl Receiver {
         rx.data.write_all(&chunk.data).await.map_err(internal)?;
         rx.received += chunk.data.len() as u64;
         if !chunk.done {
-            return Ok(Ok(SnapshotResponse::new(mine)));
+            return Ok(None);
         }
         let Some(mut rx) = current.take() else { unreachable!("checked above") };
         drop(current);
@@ -173,11 +190,14 @@ impl Receiver {
             last_log_id: chunk.meta.last_log_id,
             last_membership: chunk.meta.last_membership,
         };
-        let snapshot = Snapshot { meta, snapshot: rx.data };
-        Ok(raft.install_full_snapshot(chunk.vote, snapshot).await.map_err(Into::into))
+        Ok(Some(Snapshot { meta, snapshot: rx.data }))
     }
 }
 
 fn internal(e: std::io::Error) -> Status {
     Status::internal(format!("picket: receiving a snapshot: {e}"))
 }
+
+#[cfg(test)]
+#[path = "snapshot_transfer_tests.rs"]
+mod tests;
