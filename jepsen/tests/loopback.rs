@@ -66,34 +66,46 @@ fn register_under_kill_and_pause_is_valid() {
 fn unsafe_serializable_reads_are_caught() {
     // Serializable gets are served from each node's local state. Followers apply a few
     // milliseconds behind the leader even without faults, and a restarted or resumed node lags
-    // for longer, so a 15 s run reliably contains stale reads (3 of 3 seeds tried while
-    // writing this test found several, in both checkers).
+    // for longer, so a 15 s run usually contains stale reads (3 of 3 seeds tried while writing
+    // this test found several, in both checkers). Usually, not always: on openraft 0.10 a
+    // fresh-machine run under a full build's load got one fault in 15 s and no stale read
+    // (seed 7, 2026-12-02). So up to three seeds are tried, in order, and the first run that
+    // finds anomalies must have found stale reads; three clean runs fail the test.
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("run");
-    let args = [
-        "test",
-        "--workload",
-        "register",
-        "--nemesis",
-        "kill,pause",
-        "--time-limit",
-        "15",
-        "--nodes",
-        "3",
-        "--target",
-        "picket",
-        "--seed",
-        "7",
-        "--unsafe-serializable-reads",
-        "--mode",
-        "loopback",
-    ];
-    let run = harness(&args, &out);
-    let (code, r) = (run.code, run.results);
-    assert_eq!(code, 1, "expected the stale reads to be found; results: {r:#}");
-    assert_eq!(verdict(&r, "cluster"), "valid", "{r:#}");
-    let stale = has_anomaly(&r, &["linearizable", "revision"], "stale-read");
-    assert!(stale, "expected a stale-read anomaly: {r:#}");
+    let mut tried = Vec::new();
+    for seed in ["7", "8", "9"] {
+        let out = dir.path().join(format!("run-{seed}"));
+        let args = [
+            "test",
+            "--workload",
+            "register",
+            "--nemesis",
+            "kill,pause",
+            "--time-limit",
+            "15",
+            "--nodes",
+            "3",
+            "--target",
+            "picket",
+            "--seed",
+            seed,
+            "--unsafe-serializable-reads",
+            "--mode",
+            "loopback",
+        ];
+        let run = harness(&args, &out);
+        let (code, r) = (run.code, run.results);
+        if code == 0 {
+            tried.push(format!("seed {seed}: valid"));
+            continue;
+        }
+        assert_eq!(code, 1, "seed {seed}: the harness failed: {r:#}");
+        assert_eq!(verdict(&r, "cluster"), "valid", "{r:#}");
+        let stale = has_anomaly(&r, &["linearizable", "revision"], "stale-read");
+        assert!(stale, "expected a stale-read anomaly: {r:#}");
+        return;
+    }
+    panic!("no stale read found in three runs: {tried:?}");
 }
 
 /// Runs a lock-set-family workload under `pause` in loopback mode.

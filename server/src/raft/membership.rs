@@ -66,6 +66,11 @@ pub const NOT_LEADER: &str = "picket: not leader";
 /// by a request deadline.
 const RETRY_BACKOFF: Duration = Duration::from_millis(100);
 
+/// How long a committed membership change may take to show in this member's metrics
+/// (`until_visible`). The core publishes metrics right after it handles the change, within
+/// milliseconds; 5 s covers a loaded 2-core machine.
+const VISIBLE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// A learner may be promoted once its matched log index is at least this share of the leader's
 /// last log index (etcd's `readyPercent`).
 const PROMOTE_READY_PERCENT: u64 = 90;
@@ -435,7 +440,10 @@ impl ClusterControl {
     ) -> Result<(), MembershipError> {
         loop {
             match self.inner.raft.change_membership(changes.clone(), retain).await {
-                Ok(_) => return Ok(()),
+                Ok(resp) => {
+                    self.until_visible(resp.log_id.index).await;
+                    return Ok(());
+                }
                 Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
                     return Err(MembershipError::NotLeader(f.leader_id))
                 }
@@ -474,6 +482,28 @@ impl ClusterControl {
                     return Err(MembershipError::Stopped);
                 }
             }
+        }
+    }
+
+    /// Waits until this member's metrics show the membership written at `index`. openraft 0.10
+    /// answers `change_membership` before the metrics carry the new membership, and every
+    /// membership read here (the answer to MemberAdd, the promotion of an added voter, the next
+    /// change) goes through the metrics: without the wait a MemberAdd answered without its
+    /// member, and the promoter took a just-added learner for a removed one (seen in a
+    /// fresh-machine run on dd57e35). Bounded by [`VISIBLE_TIMEOUT`]: the change is committed
+    /// either way, and past the bound the caller sees what the metrics show, as it did before.
+    async fn until_visible(&self, index: u64) {
+        let seen = self
+            .inner
+            .raft
+            .wait(Some(VISIBLE_TIMEOUT))
+            .metrics(
+                |m| m.membership_config.log_id().as_ref().is_some_and(|l| l.index >= index),
+                "membership change visible in the metrics",
+            )
+            .await;
+        if let Err(e) = seen {
+            tracing::warn!(index, error = %e, "membership change not yet in the metrics");
         }
     }
 
