@@ -9,35 +9,40 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::Command;
 
 use common::{harness, has_anomaly, verdict};
 use serde_json::Value;
 
-#[test]
-fn register_under_kill_and_pause_is_valid() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("run");
-    let args = [
+/// The register workload under kill and pause in loopback mode, 3 nodes, for `secs` seconds.
+fn register_run(seed: &str, secs: &str, extra: &[&str], out: &Path) -> common::Run {
+    let mut args = vec![
         "test",
         "--workload",
         "register",
         "--nemesis",
         "kill,pause",
         "--time-limit",
-        "20",
+        secs,
         "--nodes",
         "3",
         "--target",
         "picket",
         "--seed",
-        "42",
-        "--rate",
-        "100",
+        seed,
         "--mode",
         "loopback",
     ];
-    let run = harness(&args, &out);
+    args.extend_from_slice(extra);
+    harness(&args, out)
+}
+
+#[test]
+fn register_under_kill_and_pause_is_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let run = register_run("42", "20", &["--rate", "100"], &out);
     let (code, r) = (run.code, run.results);
     assert_eq!(code, 0, "expected a valid run; results: {r:#}");
     for c in ["linearizable", "revision", "member-reads", "cluster"] {
@@ -75,25 +80,7 @@ fn unsafe_serializable_reads_are_caught() {
     let mut tried = Vec::new();
     for seed in ["7", "8", "9"] {
         let out = dir.path().join(format!("run-{seed}"));
-        let args = [
-            "test",
-            "--workload",
-            "register",
-            "--nemesis",
-            "kill,pause",
-            "--time-limit",
-            "15",
-            "--nodes",
-            "3",
-            "--target",
-            "picket",
-            "--seed",
-            seed,
-            "--unsafe-serializable-reads",
-            "--mode",
-            "loopback",
-        ];
-        let run = harness(&args, &out);
+        let run = register_run(seed, "15", &["--unsafe-serializable-reads"], &out);
         let (code, r) = (run.code, run.results);
         if code == 0 {
             tried.push(format!("seed {seed}: valid"));
