@@ -10,6 +10,13 @@ use tracing_subscriber::EnvFilter;
 /// allocates dozens of small buffers across tonic, prost and the apply path; under 64 writers
 /// glibc's malloc, free and chunk consolidation took about a tenth of the servers' CPU
 /// (docs/benchmarks.md, "Write path").
+///
+/// Built with mimalloc's `no_thp` (workspace Cargo.toml): at start mimalloc turns transparent
+/// huge pages off for the process (`PR_SET_THP_DISABLE`). With THP on ("always", Debian's
+/// default), the kernel backed mimalloc's eagerly committed arena with 2 MiB pages, so an idle
+/// member held 56 MiB of anonymous huge pages, and three members after three rounds of 64-client
+/// puts held ~530 MiB against etcd's ~400 (issue 20's RSS row). Without it: 30 MiB idle, and
+/// the three members' RSS at etcd's (docs/benchmarks.md, "Issue 20, session 12").
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
