@@ -62,7 +62,8 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
     }
 
     fn view(&self) -> Layered<'_> {
-        Layered { base: self.store.engine(), top: &self.overlay }
+        // The store, not its engine: it adds the newest-record cache (`newest`).
+        Layered { base: &*self.store, top: &self.overlay }
     }
 
     /// Runs one request in its own layer; keeps its writes (and takes its revision) only if it
@@ -277,7 +278,10 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
         }
         let overlay = std::mem::take(&mut self.overlay);
         if !overlay.is_empty() {
+            let kv = overlay.table(Cf::Kv).clone();
             self.store.engine().write(overlay.into_write_batch(), sync)?;
+            // Only after the write: the cache follows the committed state (`newest`).
+            self.store.newest.committed(kv.iter().map(|(k, v)| (k.as_slice(), v.as_deref())));
         }
         self.store.set_revisions(self.revision, self.compacted, self.physical);
         Ok(self.events)

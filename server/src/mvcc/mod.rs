@@ -46,6 +46,7 @@ pub mod compare;
 pub mod error;
 pub mod hash;
 pub mod keys;
+mod newest;
 pub mod overlay;
 pub mod read;
 mod request;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::iter::Peekable;
 use std::ops::Bound;
 
-use crate::storage::engine::{Cf, EngineError, KvIter, ReadView, WriteBatch};
+use crate::storage::engine::{Cf, EngineError, Known, KvIter, ReadView, WriteBatch};
 
 /// Pending writes per column family: `Some(value)` is a put, `None` a delete.
 #[derive(Debug, Default, Clone)]
@@ -24,6 +24,11 @@ impl Overlay {
 
     pub fn delete(&mut self, cf: Cf, key: Vec<u8>) {
         self.tables[cf.index()].insert(key, None);
+    }
+
+    /// The pending writes of one column family, in key order.
+    pub fn table(&self, cf: Cf) -> &BTreeMap<Vec<u8>, Option<Vec<u8>>> {
+        &self.tables[cf.index()]
     }
 
     pub fn is_empty(&self) -> bool {
@@ -82,6 +87,36 @@ impl ReadView for Layered<'_> {
             .range::<Vec<u8>, _>((Bound::Included(start.to_vec()), upper))
             .map(|(k, v)| (k.clone(), v.clone()));
         Box::new(Merge { base: base.peekable(), top: top.peekable() })
+    }
+
+    /// Known when the base knows its first pair and no pending delete of ours could hide it:
+    /// our first put wins if it comes at or before the base's first pair, which wins if it comes
+    /// before everything of ours.
+    fn first_known(&self, cf: Cf, start: &[u8], end: &[u8]) -> Known {
+        let base = match self.base.first_known(cf, start, end)? {
+            Ok(b) => b,
+            Err(e) => return Some(Err(e)),
+        };
+        let top = if start < end {
+            self.top.tables[cf.index()]
+                .range::<[u8], _>((Bound::Included(start), Bound::Excluded(end)))
+                .next()
+        } else {
+            None
+        };
+        match (top, base) {
+            (None, base) => Some(Ok(base)),
+            (Some((tk, Some(tv))), base)
+                if base.as_ref().is_none_or(|(bk, _)| tk.as_slice() <= bk.as_slice()) =>
+            {
+                Some(Ok(Some((tk.clone(), tv.clone()))))
+            }
+            (Some((tk, _)), Some((bk, bv))) if bk.as_slice() < tk.as_slice() => {
+                Some(Ok(Some((bk, bv))))
+            }
+            // A pending delete at or before the base's first pair: scan.
+            _ => None,
+        }
     }
 }
 

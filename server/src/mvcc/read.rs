@@ -129,6 +129,23 @@ pub fn decode_kv(bytes: &[u8]) -> Result<KeyValue, MvccError> {
 
 /// The live version of `key` at `at_rev`, if any.
 pub fn get_at(view: &dyn ReadView, key: &[u8], at_rev: i64) -> Result<Option<KeyValue>, MvccError> {
+    // The apply path's view knows each key's newest record without a scan (`mvcc::newest`);
+    // it answers a read at a revision at or after that record.
+    let enc = keys::encode_user_key(key);
+    if let Some(known) = view.first_known(Cf::Kv, &enc, &keys::versions_end(&enc)) {
+        match known? {
+            None => return Ok(None),
+            Some((k, v)) => {
+                let Some((_, rev)) = keys::split_kv_key(&k) else {
+                    return Err(MvccError::Corrupt(format!("malformed kv key {k:02x?}")));
+                };
+                if rev <= at_rev {
+                    // An empty value is a tombstone: the key does not exist at `at_rev`.
+                    return if v.is_empty() { Ok(None) } else { Ok(Some(decode_kv(&v)?)) };
+                }
+            }
+        }
+    }
     match Visible::etcd_range(view, key, &[], at_rev).next() {
         Some(v) => Ok(Some(decode_kv(&v?)?)),
         None => Ok(None),
@@ -142,6 +159,10 @@ pub fn range_at(
     range_end: &[u8],
     at_rev: i64,
 ) -> Result<Vec<KeyValue>, MvccError> {
+    if range_end.is_empty() {
+        // One key: `get_at` may know it without a scan.
+        return Ok(get_at(view, key, at_rev)?.into_iter().collect());
+    }
     Visible::etcd_range(view, key, range_end, at_rev).map(|v| decode_kv(&v?)).collect()
 }
 

@@ -2,7 +2,9 @@
 //! read-only handle to it.
 //!
 //! Reads never use in-memory state: each takes one engine view and reads the revision counters
-//! from that same view, so a concurrent apply or compaction cannot tear a read.
+//! from that same view, so a concurrent apply or compaction cannot tear a read. (The apply path,
+//! the single writer, reads through the store itself, which puts its newest-record cache in
+//! front of the engine: `newest`.)
 
 use picket_proto::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnResponse};
 use picket_proto::mvccpb::Event;
@@ -12,10 +14,11 @@ use prost::Message;
 use super::apply::ApplyBatch;
 use super::compact::read_physical;
 use super::error::MvccError;
+use super::newest::NewestCache;
 use super::read::{self, read_revisions};
 use super::request::{lease_keys, Request};
 use super::{keys, txn, validate, LeaseLookup};
-use crate::storage::engine::{Cf, Engine, ReadView};
+use crate::storage::engine::{Cf, Engine, EngineError, Known, KvIter, ReadView};
 
 /// Events by revision, in revision order.
 pub type History = Vec<(i64, Vec<Event>)>;
@@ -32,6 +35,26 @@ pub struct MvccStore<E: Engine> {
     /// (see [`crate::mvcc::ApplyBatch::scan_floor`]). This member's own, never replicated and
     /// empty at open.
     pub(super) floors: std::collections::HashMap<Vec<u8>, Vec<u8>>,
+    /// The newest record of recently used keys, for the apply path only (`newest`).
+    pub(super) newest: NewestCache,
+}
+
+/// The committed state as the apply path reads it: the engine, with the newest-record cache
+/// in front of single-key version reads (`newest`).
+impl<E: Engine> ReadView for MvccStore<E> {
+    fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
+        self.engine.get(cf, key)
+    }
+
+    fn scan(&self, cf: Cf, start: &[u8], end: Option<&[u8]>) -> KvIter<'_> {
+        self.engine.scan(cf, start, end)
+    }
+
+    fn first_known(&self, cf: Cf, start: &[u8], end: &[u8]) -> Known {
+        // Exactly one user key's versions: `[enc, versions_end(enc))`.
+        (cf == Cf::Kv && end == keys::versions_end(start).as_slice())
+            .then(|| self.newest.newest(&self.engine, start))
+    }
 }
 
 impl<E: Engine> std::fmt::Debug for MvccStore<E> {
@@ -62,12 +85,14 @@ impl<E: Engine> MvccStore<E> {
             compacted: revs.compacted,
             physical,
             floors: Default::default(),
+            newest: NewestCache::default(),
         })
     }
 
     /// Re-reads the revision counters, after the engine's contents were replaced underneath
     /// (snapshot install).
     pub fn reload(&mut self) -> Result<(), MvccError> {
+        self.newest.clear();
         let revs = read_revisions(&self.engine)?;
         self.physical = read_physical(&self.engine, revs.compacted)?;
         self.revision = revs.current;

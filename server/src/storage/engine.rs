@@ -147,12 +147,25 @@ pub type KvIter<'a> = Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>), EngineE
 ///
 /// Object safe on purpose: the MVCC layer stacks in-memory overlays on top of a view
 /// (`&dyn ReadView`) so that later commands of one apply batch see earlier ones.
+/// A key and its value.
+pub type Pair = (Vec<u8>, Vec<u8>);
+
+/// What [`ReadView::first_known`] answers: `None` when the view cannot tell without a scan.
+pub type Known = Option<Result<Option<Pair>, EngineError>>;
+
 pub trait ReadView {
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError>;
 
     /// Every pair with `start <= key < end` (no upper bound when `end` is `None`), in ascending
     /// key order. Errors are yielded in the stream; a consumer stops at the first one.
     fn scan(&self, cf: Cf, start: &[u8], end: Option<&[u8]>) -> KvIter<'_>;
+
+    /// The first pair with `start <= key < end`, if this view can tell without a scan (a
+    /// cache in front of it knows); `None`: it cannot, scan. Only a view that knows the
+    /// answer is exact may answer (`mvcc::newest`).
+    fn first_known(&self, _cf: Cf, _start: &[u8], _end: &[u8]) -> Known {
+        None
+    }
 }
 
 /// A storage engine with a single writer and any number of concurrent readers.
