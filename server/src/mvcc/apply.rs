@@ -278,10 +278,15 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
         }
         let overlay = std::mem::take(&mut self.overlay);
         if !overlay.is_empty() {
-            let kv = overlay.table(Cf::Kv).clone();
-            self.store.engine().write(overlay.into_write_batch(), sync)?;
-            // Only after the write: the cache follows the committed state (`newest`).
-            self.store.newest.committed(kv.iter().map(|(k, v)| (k.as_slice(), v.as_deref())));
+            // The cache takes the batch's Kv writes from the overlay before it is consumed; if
+            // the write then fails it is cleared, so it never answers for records the engine
+            // does not hold (`newest`). Nothing reads it in between: this is its only user.
+            let table = overlay.table(Cf::Kv);
+            self.store.newest.committed(table.iter().map(|(k, v)| (k.as_slice(), v.as_deref())));
+            if let Err(e) = self.store.engine().write(overlay.into_write_batch(), sync) {
+                self.store.newest.clear();
+                return Err(e.into());
+            }
         }
         self.store.set_revisions(self.revision, self.compacted, self.physical);
         Ok(self.events)

@@ -107,6 +107,15 @@ pub fn versions_end(enc_key: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Whether `[start, end)` is exactly `[enc_key, versions_end(enc_key))` for some encoded user
+/// key: every version of one key. Allocates nothing (it runs on every apply-path key read).
+pub fn is_versions_range(start: &[u8], end: &[u8]) -> bool {
+    match (start.split_last(), end.split_last()) {
+        (Some((&TERMINATOR, s)), Some((&last, e))) => last == TERMINATOR + 1 && s == e,
+        _ => false,
+    }
+}
+
 /// The encoded `Cf::Kv` bounds of an etcd `(key, range_end)` pair, as etcd interprets it:
 /// an empty `range_end` is the single key; `range_end == "\0"` is every key `>= key`; otherwise
 /// the half-open range `[key, range_end)` (empty when `range_end <= key`).

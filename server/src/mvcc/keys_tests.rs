@@ -74,3 +74,16 @@ fn lease_and_changelog_keys() {
     assert!(changelog_key(2) > changelog_key(1));
     assert_eq!(decode_changelog_key(&changelog_key(300)), Some(300));
 }
+
+#[test]
+fn a_versions_range_is_recognised_without_building_it() {
+    for key in [&b""[..], b"k", b"a\0b", b"\0"] {
+        let enc = encode_user_key(key);
+        assert!(is_versions_range(&enc, &versions_end(&enc)), "{key:?}");
+        // Any other range is not one key's versions.
+        assert!(!is_versions_range(&enc, &enc));
+        assert!(!is_versions_range(&versions_end(&enc), &enc));
+        assert!(!is_versions_range(&enc, &versions_end(&encode_user_key(b"other"))));
+    }
+    assert!(!is_versions_range(b"", b""));
+}

@@ -12,7 +12,8 @@
 //!
 //! Why the answers stay exact:
 //! - Only [`crate::mvcc::ApplyBatch::commit`] writes `Cf::Kv`, and it hands the batch's `Kv`
-//!   writes to [`NewestCache::committed`] after the engine write succeeded: a put is a new
+//!   writes to [`NewestCache::committed`] with the engine write (clearing the cache if that
+//!   write fails): a put is a new
 //!   revision, newer than anything stored, so it becomes the key's newest record; a delete
 //!   (compaction dropping old records) forgets the key, and the next read goes to the engine.
 //! - Replacing the engine's contents (snapshot install) clears the cache

@@ -90,12 +90,18 @@ fn the_cache_follows_every_committed_write() {
     }
 }
 
-#[test]
-fn an_overlay_answers_only_what_it_can_tell() {
+/// A store holding one version of `k`.
+fn store_with_k() -> MvccStore<MemEngine> {
     let mut s = MvccStore::open(MemEngine::new()).expect("open");
     let mut b = s.begin_apply();
     b.put(&put(b"k", 1), &|_: i64| false).expect("put");
     b.commit(false).expect("commit");
+    s
+}
+
+#[test]
+fn an_overlay_answers_only_what_it_can_tell() {
+    let s = store_with_k();
     let base = engine_newest(&s, b"k").expect("k has a record");
     let enc = keys::encode_user_key(b"k");
     let newer = (keys::kv_key(b"k", 10), b"newer".to_vec());
@@ -124,10 +130,7 @@ fn an_overlay_answers_only_what_it_can_tell() {
 
 #[test]
 fn replacing_the_engines_contents_forgets_everything() {
-    let mut s = MvccStore::open(MemEngine::new()).expect("open");
-    let mut b = s.begin_apply();
-    b.put(&put(b"k", 1), &|_: i64| false).expect("put");
-    b.commit(false).expect("commit");
+    let mut s = store_with_k();
     assert!(known(&s, b"k").is_some_and(|r| r.is_some()), "cached");
     // A snapshot install writes the engine underneath the store, then reloads it.
     let mut wipe = WriteBatch::new();

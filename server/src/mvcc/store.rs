@@ -52,7 +52,7 @@ impl<E: Engine> ReadView for MvccStore<E> {
 
     fn first_known(&self, cf: Cf, start: &[u8], end: &[u8]) -> Known {
         // Exactly one user key's versions: `[enc, versions_end(enc))`.
-        (cf == Cf::Kv && end == keys::versions_end(start).as_slice())
+        (cf == Cf::Kv && keys::is_versions_range(start, end))
             .then(|| self.newest.newest(&self.engine, start))
     }
 }
