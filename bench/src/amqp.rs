@@ -16,12 +16,13 @@
 //!
 //! **The two acks are not the same operation.** `basic.ack` has no reply in AMQP 0-9-1: the
 //! cycle ends when the ack is written to the socket, and the queue's Raft group commits the
-//! removal (a settle command) without the client waiting for it. Picket's `Ack` answers only
-//! after its removal is a committed Raft write. So a RabbitMQ cycle waits for one replicated
-//! write, the publish (the delivery is assigned to a consumer by the queue's state machine as it
-//! applies a committed command, with no write of its own), and a Picket cycle for three
-//! (enqueue, claim, ack). The ack is not free for RabbitMQ either: with prefetch 1 the queue
-//! pushes a worker's next message only once it has applied that worker's previous ack.
+//! removal (a settle command) without the client waiting for it. Picket's `Ack` (with
+//! `claim_next`, which [`crate::queue`] uses) answers only after its write, which removes the
+//! finished job and claims the next, is committed. So a RabbitMQ cycle waits for one replicated
+//! write, the publish (the delivery is assigned to a consumer by the queue's state machine as
+//! it applies a committed command, with no write of its own), and a Picket cycle for two
+//! (enqueue, then ack-and-claim). The ack is not free for RabbitMQ either: with prefetch 1 the
+//! queue pushes a worker's next message only once it has applied that worker's previous ack.
 //!
 //! Workers open their connections over `--amqp-uri` round-robin, as the Picket workers spread
 //! over the members. The queue is declared (and purged) before the window and deleted after it.

@@ -2,14 +2,20 @@
 //! (`picket.v1.Queue`), the workload [`crate::amqp`] runs against RabbitMQ's quorum queue.
 //!
 //! Each worker holds its own lease, granted before the window and revoked after it, as a real
-//! worker does (a claim lives while its lease does). One cycle is three gRPC calls, each of them
-//! a committed Raft write (a quorum of members has fsynced it) before it answers:
+//! worker does (a claim lives while its lease does). A worker loops as a real one does: it acks
+//! the job it holds and takes the next one in the same call (`Ack` with `claim_next`: one Raft
+//! write removes the finished job and claims the next ready one). One cycle is two gRPC calls,
+//! each a committed Raft write (a quorum of members has fsynced it) before it answers:
 //!
 //! 1. `Enqueue` of a `--value-size` payload on `--queue`;
-//! 2. `Claim` with the worker's lease, waiting up to [`CLAIM_WAIT_MS`] for a ready job. The job
-//!    claimed is the queue's oldest ready job, not necessarily the one this worker enqueued;
-//!    with N workers there are N jobs in flight at most, so a claim never waits long;
-//! 3. `Ack` with the returned fencing token: the job is removed.
+//! 2. `Ack` of the job the worker holds with `claim_next` (the worker's lease, waiting up to
+//!    [`CLAIM_WAIT_MS`] for a ready job), or on the worker's first cycle a plain `Claim`. The job
+//!    claimed is the queue's oldest ready job, not necessarily the one this worker enqueued; with
+//!    N workers there are N jobs in flight at most, so a claim never waits long.
+//!
+//! So every cycle after a worker's first completes one job and takes one, as a RabbitMQ
+//! consumer's ack makes room for its next delivery (prefetch 1). The job a worker holds when the
+//! window ends is left to its lease, which the worker revokes.
 
 use std::time::Duration;
 
@@ -17,7 +23,7 @@ use anyhow::{bail, Context, Result};
 use picket_proto::etcdserverpb::lease_client::LeaseClient;
 use picket_proto::etcdserverpb::{LeaseGrantRequest, LeaseRevokeRequest};
 use picket_proto::picket::v1::queue_client::QueueClient;
-use picket_proto::picket::v1::{AckJobRequest, ClaimRequest, EnqueueRequest};
+use picket_proto::picket::v1::{AckJobRequest, ClaimRequest, ClaimedJob, EnqueueRequest};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::cycle::Worker;
@@ -37,6 +43,8 @@ pub struct QueueWorker {
     name: String,
     lease: i64,
     payload: Vec<u8>,
+    /// The job claimed by the previous cycle, acked by the next one.
+    held: Option<ClaimedJob>,
 }
 
 /// Opens `conns` connections spread over `endpoints` (one endpoint per connection, as the etcd
@@ -76,6 +84,7 @@ pub async fn workers(
             name: name.to_string(),
             lease,
             payload: vec![b'x'; payload_size],
+            held: None,
         });
     }
     Ok(out)
@@ -95,11 +104,22 @@ impl Worker for QueueWorker {
             wait_timeout_ms: Some(CLAIM_WAIT_MS),
             ..Default::default()
         };
-        let Some(job) = self.queue.claim(claim).await?.into_inner().job else {
+        let next = match self.held.take() {
+            Some(job) => {
+                let ack = AckJobRequest {
+                    queue: self.name.clone(),
+                    job_id: job.job_id,
+                    token: job.token,
+                    claim_next: Some(claim),
+                };
+                self.queue.ack(ack).await?.into_inner().next
+            }
+            None => self.queue.claim(claim).await?.into_inner().job,
+        };
+        let Some(job) = next else {
             bail!("no job became ready within {CLAIM_WAIT_MS} ms");
         };
-        let ack = AckJobRequest { queue: self.name.clone(), job_id: job.job_id, token: job.token };
-        self.queue.ack(ack).await?;
+        self.held = Some(job);
         Ok(())
     }
 

@@ -160,6 +160,20 @@ impl ClaimedJob {
     pub async fn ack(&self) -> Result<(), Error> {
         self.queue.ack(&self.id, self.token).await
     }
+    /// Completes the job and claims the queue's next one for `lease` in the same Raft write
+    /// (one round trip instead of an ack and a claim), waiting as [`Queue::claim_with`] does
+    /// with `opts`. Returns the next job, or `None` when the wait ended without one (the ack is
+    /// done either way). Fails with [`Error::Fenced`] if this claim is no longer live; nothing
+    /// is claimed then. After an error whose outcome is unknown (a timeout), the ack may have
+    /// applied and a job may be claimed under `lease`: it is claimable again when the lease
+    /// ends or the claim's visibility deadline passes, as after any lost claim.
+    pub async fn ack_and_claim(
+        &self,
+        lease: i64,
+        opts: ClaimOptions,
+    ) -> Result<Option<ClaimedJob>, Error> {
+        self.queue.ack_and_claim(&self.id, self.token, lease, opts).await
+    }
     /// Gives the job back for a retry after `delay` (None: exponential backoff), recording
     /// `error`. Returns true when the job used its last attempt and was dead-lettered.
     pub async fn nack(&self, delay: Option<Duration>, error: &str) -> Result<bool, Error> {
@@ -340,20 +354,99 @@ impl Queue {
         opts: ClaimOptions,
     ) -> Result<Option<ClaimedJob>, Error> {
         let id = request_id(lease);
+        let end = opts.wait.map(|w| tokio::time::Instant::now() + w);
+        self.claim_until(lease, &opts, &id, end).await
+    }
+
+    /// Completes job `id` claimed with `token` and claims the next one for `lease` in the same
+    /// write (see [`ClaimedJob::ack_and_claim`]).
+    pub async fn ack_and_claim(
+        &self,
+        id: &str,
+        token: i64,
+        lease: i64,
+        opts: ClaimOptions,
+    ) -> Result<Option<ClaimedJob>, Error> {
+        let rid = request_id(lease);
+        let end = opts.wait.map(|w| tokio::time::Instant::now() + w);
+        let (req, left, wait) = self.claim_request(lease, &opts, &rid, end);
+        let req = AckJobRequest {
+            queue: self.name.clone(),
+            job_id: id.to_string(),
+            token,
+            claim_next: Some(req),
+        };
+        // Retried only when certainly not applied, as an ack is: a retry after an applied
+        // ack whose claim found nothing would be refused as stale. (One whose claim got a job
+        // is recognised by the request id and answered with that job.)
+        let resp = self
+            .client
+            .call(Retry::Write, |ch| {
+                let req = req.clone();
+                async move { Ok(QueueClient::new(ch).ack(request(req)).await?.into_inner()) }
+            })
+            .await
+            .map_err(|e| match e {
+                Error::LeaseNotFound(_) => Error::LeaseNotFound(lease),
+                e => e,
+            })?;
+        if let Some(j) = resp.next {
+            return Ok(Some(self.claimed(j)));
+        }
+        if left.is_some_and(|l| l <= wait) {
+            return Ok(None);
+        }
+        // The ack is done; the rest of the wait is plain claims, with the same request id.
+        self.claim_until(lease, &opts, &rid, end).await
+    }
+
+    /// One server-side wait's claim request: at most the attempt budget's chunk, at most what is
+    /// left until `end`. Returns the request, what was left and the wait it asks for.
+    fn claim_request(
+        &self,
+        lease: i64,
+        opts: &ClaimOptions,
+        id: &str,
+        end: Option<tokio::time::Instant>,
+    ) -> (ClaimRequest, Option<Duration>, Duration) {
         let attempt = self.client.inner.opts.attempt_timeout;
         // Leave a quarter of the attempt budget for the round trip and the claim Txn itself.
         let chunk = (attempt - attempt / 4).max(Duration::from_millis(100));
-        let end = opts.wait.map(|w| tokio::time::Instant::now() + w);
+        let left = end.map(|e| e.saturating_duration_since(tokio::time::Instant::now()));
+        let wait = left.map_or(chunk, |l| l.min(chunk));
+        let req = ClaimRequest {
+            queue: self.name.clone(),
+            lease,
+            wait_timeout_ms: Some(ms(wait)),
+            visibility_timeout_ms: opts.visibility.map(ms).unwrap_or_default(),
+            request_id: id.to_string(),
+        };
+        (req, left, wait)
+    }
+
+    fn claimed(&self, j: picket_proto::picket::v1::ClaimedJob) -> ClaimedJob {
+        ClaimedJob {
+            id: j.job_id,
+            payload: j.payload,
+            attempt: j.attempt,
+            token: j.token,
+            priority: j.priority,
+            max_attempts: j.max_attempts,
+            deadline_ms: (j.deadline_ms != 0).then_some(j.deadline_ms),
+            queue: self.clone(),
+        }
+    }
+
+    /// Claims until a job comes or `end` passes, in server-side waits (see [`Self::claim_with`]).
+    async fn claim_until(
+        &self,
+        lease: i64,
+        opts: &ClaimOptions,
+        id: &str,
+        end: Option<tokio::time::Instant>,
+    ) -> Result<Option<ClaimedJob>, Error> {
         loop {
-            let left = end.map(|e| e.saturating_duration_since(tokio::time::Instant::now()));
-            let wait = left.map_or(chunk, |l| l.min(chunk));
-            let req = ClaimRequest {
-                queue: self.name.clone(),
-                lease,
-                wait_timeout_ms: Some(ms(wait)),
-                visibility_timeout_ms: opts.visibility.map(ms).unwrap_or_default(),
-                request_id: id.clone(),
-            };
+            let (req, left, wait) = self.claim_request(lease, opts, id, end);
             // Idempotent thanks to the request id: a retry returns the first try's claim.
             let resp = self
                 .client
@@ -368,16 +461,7 @@ impl Queue {
                     e => e,
                 })?;
             if let Some(j) = resp.job {
-                return Ok(Some(ClaimedJob {
-                    id: j.job_id,
-                    payload: j.payload,
-                    attempt: j.attempt,
-                    token: j.token,
-                    priority: j.priority,
-                    max_attempts: j.max_attempts,
-                    deadline_ms: (j.deadline_ms != 0).then_some(j.deadline_ms),
-                    queue: self.clone(),
-                }));
+                return Ok(Some(self.claimed(j)));
             }
             if left.is_some_and(|l| l <= wait) {
                 return Ok(None);
@@ -387,7 +471,12 @@ impl Queue {
 
     /// Completes job `id` claimed with `token`.
     pub async fn ack(&self, id: &str, token: i64) -> Result<(), Error> {
-        let req = AckJobRequest { queue: self.name.clone(), job_id: id.to_string(), token };
+        let req = AckJobRequest {
+            queue: self.name.clone(),
+            job_id: id.to_string(),
+            token,
+            claim_next: None,
+        };
         self.client
             .call(Retry::Write, |ch| {
                 let req = req.clone();

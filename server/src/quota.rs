@@ -164,9 +164,11 @@ pub fn grows_store(cmd: &Cmd) -> bool {
         Cmd::Put(_) | Cmd::LeaseGrant(_) => true,
         Cmd::Txn(t) => txn_has_put(t),
         Cmd::FencedTxn(f) => f.txn.as_ref().is_some_and(txn_has_put),
-        // A claim writes its claim key; an ack only deletes.
+        // A claim writes its claim key (so does an ack_claim, refused whole: its ack is not
+        // applied without its claim); an ack only deletes.
         Cmd::Queue(q) => {
-            matches!(q.op, Some(picket_proto::picket::raft::v1::queue_command::Op::Claim(_)))
+            use picket_proto::picket::raft::v1::queue_command::Op;
+            matches!(q.op, Some(Op::Claim(_) | Op::AckClaim(_)))
         }
         Cmd::Batch(b) => b.commands.iter().any(|c| c.cmd.as_ref().is_some_and(grows_store)),
         _ => false,

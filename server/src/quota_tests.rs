@@ -6,6 +6,8 @@ use picket_proto::etcdserverpb::request_op::Request as OpRequest;
 use picket_proto::etcdserverpb::{
     CompactionRequest, DeleteRangeRequest, LeaseGrantRequest, PutRequest, RequestOp, TxnRequest,
 };
+use picket_proto::picket::raft::v1::queue_command::Op as QueueOp;
+use picket_proto::picket::raft::v1::{QueueAckClaimOp, QueueAckOp, QueueClaimOp, QueueCommand};
 
 use super::*;
 use crate::lease::LeaseTable;
@@ -67,11 +69,24 @@ fn alarms_apply_deterministically_and_gate_growing_commands() {
         }],
         ..Default::default()
     });
-    let growing = [Cmd::Put(put("a", 1)), Cmd::LeaseGrant(LeaseGrantRequest::default()), txn_put];
+    // Queue commands: a claim writes its claim key, so does an ack_claim (refused whole, its
+    // ack with it); a plain ack only deletes.
+    let queue = |op: QueueOp| Cmd::Queue(QueueCommand { op: Some(op), ..Default::default() });
+    let claim = QueueClaimOp::default();
+    let ack = QueueAckOp::default();
+    let ack_claim = QueueAckClaimOp { ack: Some(ack.clone()), claim: Some(claim.clone()) };
+    let growing = [
+        Cmd::Put(put("a", 1)),
+        Cmd::LeaseGrant(LeaseGrantRequest::default()),
+        txn_put,
+        queue(QueueOp::Claim(claim)),
+        queue(QueueOp::AckClaim(ack_claim)),
+    ];
     let harmless = [
         Cmd::DeleteRange(DeleteRangeRequest { key: b"a".to_vec(), ..Default::default() }),
         Cmd::Compaction(CompactionRequest::default()),
         txn_delete,
+        queue(QueueOp::Ack(ack)),
     ];
 
     let mut b = store.begin_apply();

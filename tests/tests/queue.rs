@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context, Result};
 use picket_client::queue::JobState;
-use picket_client::{Client, ConnectOptions, EnqueueOptions, Error};
+use picket_client::{ClaimOptions, Client, ConnectOptions, EnqueueOptions, Error, Queue};
+use picket_proto::picket::v1::queue_client::QueueClient;
+use picket_proto::picket::v1::{AckJobRequest, ClaimRequest};
 use picket_tests::{Cluster, ClusterOptions};
 use tokio::sync::Mutex;
 use tracing::info;
@@ -89,6 +91,35 @@ async fn enqueue_claim_ack_in_priority_then_fifo_order() -> Result<()> {
     Ok(())
 }
 
+/// Two workers, one per lease, claim and ack until the queue is empty, acking with a plain Ack
+/// or (`ack_and_claim`) taking the next job in the ack's write. Returns the job ids acked, in
+/// the order the acks answered.
+async fn drain(q: &Queue, leases: [i64; 2], ack_and_claim: bool) -> Result<Vec<String>> {
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let mut workers = Vec::new();
+    for lease in leases {
+        let (q, acked) = (q.clone(), acked.clone());
+        workers.push(tokio::spawn(async move {
+            let mut job = q.claim(lease, Some(Duration::ZERO)).await?;
+            while let Some(j) = job {
+                job = if ack_and_claim {
+                    j.ack_and_claim(lease, ClaimOptions::new().wait(Duration::ZERO)).await?
+                } else {
+                    j.ack().await?;
+                    q.claim(lease, Some(Duration::ZERO)).await?
+                };
+                acked.lock().await.push(j.id);
+            }
+            Ok::<_, Error>(())
+        }));
+    }
+    for w in workers {
+        w.await??;
+    }
+    let acked = acked.lock().await.clone();
+    Ok(acked)
+}
+
 #[tokio::test]
 async fn a_waiting_claim_wakes_on_enqueue_and_two_workers_never_share_a_job() -> Result<()> {
     let cluster = Cluster::start(1, ClusterOptions::default()).await?;
@@ -114,24 +145,114 @@ async fn a_waiting_claim_wakes_on_enqueue_and_two_workers_never_share_a_job() ->
     for i in 0..20 {
         ids.insert(q.enqueue(format!("job-{i}")).await?.id);
     }
-    let acked = Arc::new(Mutex::new(Vec::new()));
-    let mut workers = Vec::new();
-    for lease in [l1, l2] {
-        let (q, acked) = (q.clone(), acked.clone());
-        workers.push(tokio::spawn(async move {
-            while let Some(job) = q.claim(lease, Some(Duration::ZERO)).await? {
-                job.ack().await?;
-                acked.lock().await.push(job.id);
-            }
-            Ok::<_, Error>(())
-        }));
-    }
-    for w in workers {
-        w.await??;
-    }
-    let acked = acked.lock().await.clone();
+    let acked = drain(&q, [l1, l2], false).await?;
     assert_eq!(acked.len(), 20, "no job acked twice: {acked:?}");
     assert_eq!(acked.into_iter().collect::<BTreeSet<_>>(), ids);
+    cluster.finish();
+    Ok(())
+}
+
+#[tokio::test]
+async fn ack_and_claim_takes_the_next_job_in_the_acks_write() -> Result<()> {
+    let cluster = Cluster::start(3, ClusterOptions::default()).await?;
+    let c = client(&cluster).await?;
+    let q = c.queue("pipeline");
+    let l1 = c.lease_grant(30, 0).await?.id;
+    let l2 = c.lease_grant(30, 0).await?.id;
+    let zero = || ClaimOptions::new().wait(Duration::ZERO);
+
+    info!("two workers drain 30 jobs, each acking and claiming in one call: each job once");
+    let mut ids = BTreeSet::new();
+    for i in 0..30 {
+        ids.insert(q.enqueue(format!("job-{i}")).await?.id);
+    }
+    let acked = drain(&q, [l1, l2], true).await?;
+    assert_eq!(acked.len(), 30, "no job acked twice: {acked:?}");
+    assert_eq!(acked.into_iter().collect::<BTreeSet<_>>(), ids);
+    let s = q.inspect(10).await?;
+    assert_eq!((s.ready, s.in_flight), (0, 0));
+
+    info!("with nothing ready the call acks, then waits server-side for the next enqueue");
+    // The raw RPC with one long wait, through a follower (forwarded): the client crate would
+    // continue a short server-side wait with claims of its own and hide a server that did not
+    // wait.
+    q.enqueue("first").await?;
+    let first = q.claim(l1, Some(Duration::ZERO)).await?.context("ready")?;
+    let leader = cluster.leader().await?;
+    let follower = (leader + 1) % 3;
+    let mut raw = QueueClient::connect(cluster.endpoint(follower)).await?;
+    let req = AckJobRequest {
+        queue: "pipeline".into(),
+        job_id: first.id.clone(),
+        token: first.token,
+        claim_next: Some(ClaimRequest {
+            lease: l1,
+            wait_timeout_ms: Some(10_000),
+            ..Default::default()
+        }),
+    };
+    let waiting = {
+        let mut raw = raw.clone();
+        let req = req.clone();
+        tokio::spawn(async move { raw.ack(req).await })
+    };
+    // Bounded: 200 x 50 ms until the ack shows (the claim then waits server-side).
+    let mut acked = false;
+    for _ in 0..200 {
+        if q.inspect(10).await?.in_flight == 0 {
+            acked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ensure!(acked, "the ack did not apply while its claim waited");
+    ensure!(!waiting.is_finished(), "the claim waits for a job");
+    let second = q.enqueue("second").await?;
+    let resp = waiting.await??.into_inner();
+    let got = resp.next.clone().context("the waiting claim gets the new job")?;
+    assert_eq!(got.job_id, second.id);
+    assert!(resp.ack_revision > 0 && resp.ack_revision < got.token, "{resp:?}");
+    assert_eq!(resp.header.map(|h| h.revision), Some(got.token));
+    let got = q.claim(l1, Some(Duration::ZERO)).await?;
+    assert!(got.is_none(), "second is held: {got:?}");
+    let got = q.inspect(10).await?;
+    assert_eq!((got.ready, got.in_flight), (0, 1));
+    info!("a claim_next on another queue is refused before anything is written");
+    let other = AckJobRequest {
+        claim_next: Some(ClaimRequest {
+            queue: "elsewhere".into(),
+            lease: l1,
+            ..Default::default()
+        }),
+        ..req
+    };
+    let code = raw.ack(other).await.err().map(|s| s.code());
+    assert_eq!(code, Some(tonic::Code::InvalidArgument));
+    // Done with second, by its token as Inspect shows it.
+    let held = q.inspect(10).await?.jobs.into_iter().find(|j| j.id == second.id);
+    q.ack(&second.id, held.and_then(|j| j.token).context("second's claim token")?).await?;
+
+    info!("a stale claim's ack_and_claim is fenced and claims nothing");
+    q.enqueue("third").await?;
+    let stale = q.claim(l1, Some(Duration::ZERO)).await?.context("ready")?;
+    stale.ack().await?;
+    q.enqueue("fourth").await?;
+    match stale.ack_and_claim(l2, zero()).await {
+        Err(Error::Fenced(_)) => {}
+        other => bail!("a stale ack_and_claim: {other:?}"),
+    }
+    let s = q.inspect(10).await?;
+    assert_eq!((s.ready, s.in_flight), (1, 0), "fourth still unclaimed");
+    info!("and a missing lease refuses it whole: the job stays claimed");
+    let fourth = q.claim(l2, Some(Duration::ZERO)).await?.context("ready")?;
+    c.lease_revoke(l1).await?;
+    match fourth.ack_and_claim(l1, zero()).await {
+        Err(Error::LeaseNotFound(id)) => assert_eq!(id, l1),
+        other => bail!("ack_and_claim on a revoked lease: {other:?}"),
+    }
+    let s = q.inspect(10).await?;
+    assert_eq!((s.ready, s.in_flight), (0, 1), "fourth still held by l2");
+    fourth.ack().await?;
     cluster.finish();
     Ok(())
 }

@@ -11,7 +11,10 @@
 //! Operations (`value` of the invocation -> of the ok completion):
 //! - `enqueue {payload}` -> `{payload, id, revision}`
 //! - `claim {lease}` -> `{id, payload, token, attempt}` or `{empty: true}`
-//! - `ack {id, token, payload}` -> `{id, token, payload, revision}`
+//! - `ack {id, token, payload}` -> `{id, token, payload, revision}`; half the acks of workers ask
+//!   for `claim_next` (`"claim_next": true` in the invocation): the same write claims the
+//!   worker's next job, recorded after the ack as the `claim` it is (invoked and completed with
+//!   the ack's answer; `info` when the ack's outcome is unknown)
 //! - `nack {id, token, payload}` -> `{..., revision, dead}`
 //! - final: `claim`/`ack` as above with `"final": true`, `dead_letters` -> `{payloads: [...]}`,
 //!   `inspect` -> `{ready, delayed, in_flight, dead}`.
@@ -22,7 +25,7 @@ use std::time::Duration;
 
 use picket_proto::picket::v1::queue_client::QueueClient;
 use picket_proto::picket::v1::{
-    AckJobRequest, ClaimRequest, DeadLettersRequest, EnqueueRequest, NackJobRequest,
+    AckJobRequest, ClaimRequest, ClaimedJob, DeadLettersRequest, EnqueueRequest, NackJobRequest,
     QueueInspectRequest,
 };
 use rand::rngs::StdRng;
@@ -38,7 +41,7 @@ use super::{
 };
 use crate::client::{self, OpError};
 use crate::cluster::NodeInfo;
-use crate::history::Header;
+use crate::history::{EventType, Header};
 
 /// The queue every operation uses.
 pub const QUEUE: &str = "jepsen";
@@ -204,28 +207,76 @@ async fn claim(
         ..Default::default()
     };
     match bounded(timeout + Duration::from_millis(wait_ms), q.claim(req)).await {
-        Ok(r) => match r.job {
-            Some(j) => {
-                let payload: Value = String::from_utf8_lossy(&j.payload)
-                    .parse::<u64>()
-                    .map(Value::from)
-                    .unwrap_or_else(|_| Value::from(String::from_utf8_lossy(&j.payload)));
-                let v = json!({"id": j.job_id, "payload": payload, "token": j.token,
-                               "attempt": j.attempt, "lease": lease, "final": fin});
-                rec.ok("claim", Some(QUEUE), v, hdr(r.header.as_ref()))?;
-                Ok((Some(Claimed { id: j.job_id, payload, token: j.token }), true))
-            }
-            None => {
-                let v = json!({"empty": true, "lease": lease, "final": fin});
-                rec.ok("claim", Some(QUEUE), v, hdr(r.header.as_ref()))?;
-                Ok((None, true))
-            }
-        },
+        Ok(r) => Ok((claim_ok(rec, r.job, lease, fin, hdr(r.header.as_ref()))?, true)),
         Err(e) => {
             // A claim with an unknown outcome is `info`: a claim may exist under our lease that
             // nobody will ack; it ends with the lease and the job comes back.
             rec.error("claim", Some(QUEUE), args, &e, false)?;
             Ok((None, false))
+        }
+    }
+}
+
+/// Records a claim's `ok` completion: the job it got, or `{empty: true}`.
+fn claim_ok(
+    rec: &mut Recorder,
+    job: Option<ClaimedJob>,
+    lease: i64,
+    fin: bool,
+    header: Option<Header>,
+) -> Result<Option<Claimed>, WorkloadError> {
+    let Some(j) = job else {
+        let v = json!({"empty": true, "lease": lease, "final": fin});
+        rec.ok("claim", Some(QUEUE), v, header)?;
+        return Ok(None);
+    };
+    let payload: Value = String::from_utf8_lossy(&j.payload)
+        .parse::<u64>()
+        .map(Value::from)
+        .unwrap_or_else(|_| Value::from(String::from_utf8_lossy(&j.payload)));
+    let v = json!({"id": j.job_id, "payload": payload, "token": j.token,
+                   "attempt": j.attempt, "lease": lease, "final": fin});
+    rec.ok("claim", Some(QUEUE), v, header)?;
+    Ok(Some(Claimed { id: j.job_id, payload, token: j.token }))
+}
+
+/// One `ack` with `claim_next` for `lease`: one write that acks `job` and claims the next one,
+/// recorded as the `ack` and then the `claim` it made. Returns the job claimed, if any.
+async fn ack_claim(
+    rec: &mut Recorder,
+    q: &mut QueueClient<Channel>,
+    job: &Claimed,
+    lease: i64,
+    timeout: Duration,
+) -> Result<Option<Claimed>, WorkloadError> {
+    let args = json!({"id": job.id, "token": job.token, "payload": job.payload, "final": false,
+                      "claim_next": true});
+    rec.invoke("ack", Some(QUEUE), args.clone())?;
+    let next = ClaimRequest { lease, wait_timeout_ms: Some(CLAIM_WAIT_MS), ..Default::default() };
+    let req = AckJobRequest {
+        queue: QUEUE.into(),
+        job_id: job.id.clone(),
+        token: job.token,
+        claim_next: Some(next),
+    };
+    let claim_args = json!({ "lease": lease, "final": false });
+    match bounded(timeout + Duration::from_millis(CLAIM_WAIT_MS), q.ack(req)).await {
+        Ok(r) => {
+            let v = json!({"id": job.id, "token": job.token, "payload": job.payload,
+                           "revision": r.ack_revision, "final": false});
+            let h = hdr(r.header.as_ref());
+            rec.ok("ack", Some(QUEUE), v, h)?;
+            rec.invoke("claim", Some(QUEUE), claim_args)?;
+            claim_ok(rec, r.next, lease, false, h)
+        }
+        Err(e) => {
+            // A refusal (fail) claimed nothing: the command is refused whole. An unknown
+            // outcome may have claimed a job under our lease, which ends with the lease.
+            if rec.error("ack", Some(QUEUE), args, &e, false)? == EventType::Info {
+                rec.invoke("claim", Some(QUEUE), claim_args.clone())?;
+                rec.error("claim", Some(QUEUE), claim_args, &e, false)?;
+            }
+            Ok(None)
         }
     }
 }
@@ -240,7 +291,12 @@ async fn ack(
 ) -> Result<bool, WorkloadError> {
     let args = json!({"id": job.id, "token": job.token, "payload": job.payload, "final": fin});
     rec.invoke("ack", Some(QUEUE), args.clone())?;
-    let req = AckJobRequest { queue: QUEUE.into(), job_id: job.id.clone(), token: job.token };
+    let req = AckJobRequest {
+        queue: QUEUE.into(),
+        job_id: job.id.clone(),
+        token: job.token,
+        claim_next: None,
+    };
     match bounded(timeout, q.ack(req)).await {
         Ok(r) => {
             let rev = r.header.as_ref().map(|h| h.revision).unwrap_or_default();
@@ -271,6 +327,8 @@ async fn consumer(
     let gap = opts.mean_gap();
     let ttl = opts.lease_ttl.max(1);
     let mut lease: Option<(i64, tokio::task::JoinHandle<()>)> = None;
+    // A job claimed by the last ack's claim_next, worked on next.
+    let mut held: Option<Claimed> = None;
     for _ in 0..max_iterations(&env, gap) {
         rec.pace(&mut rng, gap).await;
         if env.should_stop() {
@@ -287,7 +345,10 @@ async fn consumer(
                 None => continue,
             },
         };
-        let (job, answered) = claim(&mut rec, &mut q, l, CLAIM_WAIT_MS, timeout, false).await?;
+        let (job, answered) = match held.take() {
+            Some(job) => (Some(job), true),
+            None => claim(&mut rec, &mut q, l, CLAIM_WAIT_MS, timeout, false).await?,
+        };
         let Some(job) = job else {
             if !answered {
                 // Maybe the lease is gone (a pause outlasted it): start over with a new one.
@@ -299,7 +360,12 @@ async fn consumer(
         };
         // "Work": a short pause, so claims overlap with faults.
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
-        if rng.random_range(0..100) < 85 {
+        let roll = rng.random_range(0..100);
+        if roll < 42 {
+            // The worker's next job comes in the ack's own write (same lease: a held job is
+            // only ever taken under the lease it was claimed with).
+            held = ack_claim(&mut rec, &mut q, &job, l, timeout).await?;
+        } else if roll < 85 {
             ack(&mut rec, &mut q, &job, timeout, false).await?;
         } else {
             let args = json!({"id": job.id, "token": job.token, "payload": job.payload});

@@ -152,9 +152,25 @@ impl Queue for QueueService {
     async fn ack(&self, req: Request<AckJobRequest>) -> Result<Response<AckJobResponse>, Status> {
         let backend = self.backend(req.metadata(), &req.get_ref().queue, true).await?;
         let req = req.into_inner();
-        validate::ack(&req)?;
-        let rev = ops::ack(&backend, &req.queue, &req.job_id, req.token).await?;
-        Ok(Response::new(AckJobResponse { header: self.header(rev) }))
+        let Some(next) = validate::ack(&req)? else {
+            let rev = ops::ack(&backend, &req.queue, &req.job_id, req.token).await?;
+            let resp = AckJobResponse { header: self.header(rev), next: None, ack_revision: rev };
+            return Ok(Response::new(resp));
+        };
+        // As for Claim: without a wait limit the call waits until a job is ready, and tonic
+        // drops this future when the client's deadline passes; the ack is then done or not
+        // (one proposal), and an unfinished wait leaves nothing behind.
+        let done = ops::ack_then_claim(&backend, &req.queue, &req.job_id, req.token, &next, now_ms)
+            .await?;
+        if let Some(j) = &done.next {
+            tracing::debug!(queue = %req.queue, job = %j.job_id, revision = j.token, attempt = j.attempt, "claimed with an ack");
+        }
+        let rev = done.next.as_ref().map_or(done.acked_revision, |j| j.token);
+        Ok(Response::new(AckJobResponse {
+            header: self.header(rev),
+            next: done.next,
+            ack_revision: done.acked_revision,
+        }))
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(queue = %req.get_ref().queue, revision = req.get_ref().token))]

@@ -23,11 +23,12 @@
 use picket_proto::etcdserverpb::response_op::Response as OpResp;
 use picket_proto::etcdserverpb::{RangeRequest, TxnRequest, TxnResponse};
 use picket_proto::mvccpb::KeyValue;
+use picket_proto::picket::raft::v1::queue_ack_claimed::Next;
 use picket_proto::picket::raft::v1::queue_command::Op;
 use picket_proto::picket::raft::v1::queue_result::Outcome;
 use picket_proto::picket::raft::v1::{
-    QueueAckOp, QueueClaimOp, QueueCommand, QueueCorrupt, QueueDone, QueueEmpty, QueueResult,
-    QueueStale,
+    QueueAckClaimOp, QueueAckClaimed, QueueAckOp, QueueClaimOp, QueueCommand, QueueCorrupt,
+    QueueDone, QueueEmpty, QueueResult, QueueStale,
 };
 use picket_proto::picket::v1::{
     ClaimedJob, QueueClaimRecord, QueueDeadRecord, QueueJobRecord, QueuePendingRecord,
@@ -86,6 +87,7 @@ pub fn apply<E: Engine>(
     let out = match cmd.op {
         Some(Op::Claim(op)) => claim(b, leases, &cmd.queue, &op, cmd.now_ms),
         Some(Op::Ack(op)) => ack(b, leases, &cmd.queue, &op),
+        Some(Op::AckClaim(op)) => ack_claim(b, leases, &cmd.queue, &op, cmd.now_ms),
         None => Err(Failed::Corrupt(corrupt(cmd.queue.as_bytes(), "queue command without an op"))),
     };
     let outcome = match out {
@@ -138,15 +140,74 @@ fn claim<E: Engine>(
     op: &QueueClaimOp,
     now_ms: u64,
 ) -> Result<Outcome, Failed> {
-    // Refuse before tidying anything: the claim could not be written anyway.
+    if let Some(job) = retried(b, leases, queue, op)? {
+        return Ok(Outcome::Claimed(job));
+    }
+    Ok(match pick(b, leases, queue, op, now_ms)? {
+        Next::Claimed(job) => Outcome::Claimed(job),
+        Next::Empty(e) => Outcome::Empty(e),
+    })
+}
+
+/// A worker's "done, give me the next" in one apply step: the ack, then, only if it removed the
+/// job, the claim. Nothing is written when the claimer's lease is gone (refused before the ack,
+/// as a claim is) or when the ack is stale (its outcome is the answer). A retried request id
+/// whose first try applied gets that try's job: the ack and the claim were one command, so the
+/// claim's presence proves the ack applied too. A corrupt record met by the claim (foreign
+/// writes under the queue's prefix) leaves the ack applied and answers the corrupt outcome, the
+/// same on every member, as a plain claim's reaps stay applied when it meets one.
+fn ack_claim<E: Engine>(
+    b: &mut ApplyBatch<'_, E>,
+    leases: &dyn LeaseLookup,
+    queue: &str,
+    op: &QueueAckClaimOp,
+    now_ms: u64,
+) -> Result<Outcome, Failed> {
+    let (Some(ack_op), Some(claim_op)) = (&op.ack, &op.claim) else {
+        return Err(corrupt(queue.as_bytes(), "ack_claim without its ack or its claim").into());
+    };
+    if let Some(job) = retried(b, leases, queue, claim_op)? {
+        let acked_revision = job.token;
+        return Ok(Outcome::AckClaimed(QueueAckClaimed {
+            acked_revision,
+            next: Some(Next::Claimed(job)),
+        }));
+    }
+    let acked_revision = match ack(b, leases, queue, ack_op)? {
+        Outcome::Acked(done) => done.revision,
+        refused => return Ok(refused),
+    };
+    let next = pick(b, leases, queue, claim_op, now_ms)?;
+    Ok(Outcome::AckClaimed(QueueAckClaimed { acked_revision, next: Some(next) }))
+}
+
+/// What every claim does first: refuse a lease that does not exist, before anything is written
+/// (the claim could not be written anyway), then find the job a retried request id already
+/// claimed, if any.
+fn retried<E: Engine>(
+    b: &ApplyBatch<'_, E>,
+    leases: &dyn LeaseLookup,
+    queue: &str,
+    op: &QueueClaimOp,
+) -> Result<Option<ClaimedJob>, Failed> {
     if !leases.exists(op.lease) {
         return Err(MvccError::LeaseNotFound(op.lease).into());
     }
-    if !op.request_id.is_empty() {
-        if let Some(job) = resume(b, queue, op)? {
-            return Ok(Outcome::Claimed(job));
-        }
+    if op.request_id.is_empty() {
+        return Ok(None);
     }
+    resume(b, queue, op)
+}
+
+/// The claim proper, once the lease is known to exist and no retried request id matched: the
+/// first claimable job gets a claim, or nothing is claimable yet.
+fn pick<E: Engine>(
+    b: &mut ApplyBatch<'_, E>,
+    leases: &dyn LeaseLookup,
+    queue: &str,
+    op: &QueueClaimOp,
+    now_ms: u64,
+) -> Result<Next, Failed> {
     let mut fixes = 0;
     let mut wake: Option<u64> = None;
     let mut note = |t: u64| wake = Some(wake.map_or(t, |w: u64| w.min(t)));
@@ -244,7 +305,7 @@ fn claim<E: Engine>(
                     .into())
                 }
             };
-            return Ok(Outcome::Claimed(ClaimedJob {
+            return Ok(Next::Claimed(ClaimedJob {
                 job_id: pk.id,
                 payload: job.payload,
                 attempt,
@@ -260,7 +321,7 @@ fn claim<E: Engine>(
             None => break,
         }
     }
-    Ok(Outcome::Empty(QueueEmpty { revision: b.revision(), wake_at_ms: wake.unwrap_or(0) }))
+    Ok(Next::Empty(QueueEmpty { revision: b.revision(), wake_at_ms: wake.unwrap_or(0) }))
 }
 
 /// A retry of a Claim that was applied but whose answer was lost: the claim this lease holds in

@@ -2,9 +2,10 @@
 //! tidying a claim does first, and every refusal.
 
 use picket_proto::etcdserverpb::PutRequest;
+use picket_proto::picket::raft::v1::queue_ack_claimed::Next;
 use picket_proto::picket::raft::v1::queue_command::Op;
 use picket_proto::picket::raft::v1::queue_result::Outcome;
-use picket_proto::picket::raft::v1::{QueueAckOp, QueueClaimOp, QueueCommand};
+use picket_proto::picket::raft::v1::{QueueAckClaimOp, QueueAckOp, QueueClaimOp, QueueCommand};
 use picket_proto::picket::v1::{QueueJobRecord, QueuePendingRecord};
 use prost::Message;
 
@@ -76,6 +77,26 @@ fn ack(id: &str, token: i64) -> QueueCommand {
         queue: Q.into(),
         now_ms: 0,
         op: Some(Op::Ack(QueueAckOp { job_id: id.into(), token })),
+    }
+}
+
+fn ack_claim(id: &str, token: i64, lease: i64, request_id: &str) -> QueueCommand {
+    let claim = QueueClaimOp { lease, visibility_ms: 0, request_id: request_id.into() };
+    QueueCommand {
+        queue: Q.into(),
+        now_ms: 1_000,
+        op: Some(Op::AckClaim(QueueAckClaimOp {
+            ack: Some(QueueAckOp { job_id: id.into(), token }),
+            claim: Some(claim),
+        })),
+    }
+}
+
+/// The ack's revision and what the claim got, from an ack_claim's outcome.
+fn ack_claimed(o: Result<Outcome, MvccError>) -> (i64, Next) {
+    match o {
+        Ok(Outcome::AckClaimed(d)) => (d.acked_revision, d.next.expect("a next")),
+        other => panic!("expected an ack_claim's answer, got {other:?}"),
     }
 }
 
@@ -267,4 +288,82 @@ fn an_empty_queue_floors_at_its_end_and_the_next_enqueue_lowers_it() {
     assert_eq!(s.store.begin_apply().scan_floor(&prefix), Some(prefix_end(&prefix)));
     s.enqueue("a", 0, 5);
     assert_eq!(claimed(s.one(claim(1, 10))).job_id, "a");
+}
+
+#[test]
+fn an_ack_claim_acks_then_claims_the_next_job_in_one_command() {
+    let mut s = State::new();
+    for id in ["a", "b"] {
+        s.enqueue(id, 0, 5);
+    }
+    let a = claimed(s.one(claim(1, 10)));
+    let before = s.store.revision();
+    let (acked, next) = ack_claimed(s.one(ack_claim("a", a.token, 1, "")));
+    assert_eq!(acked, before + 1, "the ack is the command's first revision");
+    let Next::Claimed(b) = next else { panic!("expected b claimed, got {next:?}") };
+    assert_eq!((b.job_id.as_str(), b.token, b.attempt), ("b", before + 2, 1));
+    assert_eq!(s.store.revision(), before + 2, "nothing else written");
+    assert!(!s.exists(keys::job_key(Q, "a")) && !s.exists(keys::claim_key(Q, "a")));
+    assert!(s.exists(keys::claim_key(Q, "b")));
+    // Nothing left: the next one acks and finds the queue empty (the ack still applied).
+    let (acked, next) = ack_claimed(s.one(ack_claim("b", b.token, 1, "")));
+    assert_eq!(acked, before + 3);
+    assert!(matches!(next, Next::Empty(QueueEmpty { revision, .. }) if revision == before + 3));
+    assert!(!s.exists(keys::job_key(Q, "b")));
+}
+
+#[test]
+fn an_ack_claim_with_a_stale_token_or_no_lease_writes_nothing() {
+    let mut s = State::new();
+    for id in ["a", "b"] {
+        s.enqueue(id, 0, 5);
+    }
+    let a = claimed(s.one(claim(1, 10)));
+    let before = s.store.revision();
+    // A token that is not a's live claim: the ack's refusal is the answer, b stays unclaimed.
+    match s.one(ack_claim("a", a.token - 1, 1, "")) {
+        Ok(Outcome::Stale(st)) => assert_eq!((st.current, st.job_exists), (a.token, true)),
+        other => panic!("{other:?}"),
+    }
+    // The claimer's lease is gone: refused before the ack, as a claim is.
+    assert!(matches!(s.one(ack_claim("a", a.token, 9, "")), Err(MvccError::LeaseNotFound(9))));
+    assert_eq!(s.store.revision(), before);
+    assert!(s.exists(keys::claim_key(Q, "a")) && !s.exists(keys::claim_key(Q, "b")));
+}
+
+#[test]
+fn a_retried_ack_claim_gets_the_job_its_first_try_claimed() {
+    let mut s = State::new();
+    for id in ["a", "b", "c"] {
+        s.enqueue(id, 0, 5);
+    }
+    let a = claimed(s.one(claim(1, 10)));
+    let (_, first) = ack_claimed(s.one(ack_claim("a", a.token, 1, "r1")));
+    let Next::Claimed(b) = first else { panic!("{first:?}") };
+    let before = s.store.revision();
+    // The answer was lost and the worker retries: the same job, and nothing written (the ack,
+    // alone, would now be stale; c is not claimed).
+    let (acked, again) = ack_claimed(s.one(ack_claim("a", a.token, 1, "r1")));
+    assert_eq!((acked, again), (b.token, Next::Claimed(b)));
+    assert_eq!(s.store.revision(), before);
+    assert!(!s.exists(keys::claim_key(Q, "c")));
+}
+
+#[test]
+fn ack_claims_of_two_workers_in_one_entry_get_different_jobs() {
+    let mut s = State::new();
+    for id in ["a", "b", "c", "d"] {
+        s.enqueue(id, 0, 5);
+    }
+    let a = claimed(s.one(claim(1, 10)));
+    let b = claimed(s.one(claim(2, 10)));
+    let out = s.apply(vec![ack_claim("a", a.token, 1, ""), ack_claim("b", b.token, 2, "")]);
+    let got: Vec<String> = out
+        .into_iter()
+        .map(|o| match ack_claimed(o).1 {
+            Next::Claimed(j) => j.job_id,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(got, ["c", "d"]);
 }

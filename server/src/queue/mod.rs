@@ -13,7 +13,8 @@
 //! is one write with no read before it, and concurrent claimers never race for one job: each
 //! gets the next one in claim order (a claimer that read then compared, as before, made all
 //! workers choose the head job, and the queue got slower with more workers). Ack is decided the
-//! same way, so it too is one write. The other operations ([`ops`]) read, then run a Txn whose
+//! same way, so it too is one write, and an Ack with `claim_next` does the ack and then the
+//! claim in one command (a worker's loop is then one write per job, besides the enqueue). The other operations ([`ops`]) read, then run a Txn whose
 //! compares make it safe, and retry on a lost race; they are not on a worker's hot path.
 //!
 //! # Layout (all under `picket/queue/<name>/`, see [`keys`])

@@ -10,12 +10,15 @@ use picket_proto::etcdserverpb::response_op::Response as OpResp;
 use picket_proto::etcdserverpb::{RangeRequest, TxnResponse};
 use picket_proto::mvccpb::event::EventType;
 use picket_proto::mvccpb::KeyValue;
+use picket_proto::picket::raft::v1::queue_ack_claimed::Next;
 use picket_proto::picket::raft::v1::queue_command::Op as QueueOp;
 use picket_proto::picket::raft::v1::queue_result::Outcome;
-use picket_proto::picket::raft::v1::{QueueAckOp, QueueClaimOp, QueueCommand, QueueResult};
+use picket_proto::picket::raft::v1::{
+    QueueAckClaimOp, QueueAckOp, QueueClaimOp, QueueCommand, QueueEmpty, QueueResult, QueueStale,
+};
 use picket_proto::picket::v1::{
-    ClaimedJob, QueueClaimRecord, QueueDeadRecord, QueueJobInfo, QueueJobRecord, QueueJobState,
-    QueuePendingRecord,
+    ClaimRequest, ClaimedJob, QueueClaimRecord, QueueDeadRecord, QueueJobInfo, QueueJobRecord,
+    QueueJobState, QueuePendingRecord,
 };
 use prost::Message;
 use tokio::sync::broadcast::error::RecvError;
@@ -157,52 +160,146 @@ pub async fn claim<B: QueueBackend>(
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     // Subscribe before proposing, so every revision after apply's decision is in the feed.
     let mut feed = b.subscribe();
+    let op = QueueClaimOp { lease, visibility_ms, request_id: request_id.to_string() };
+    claim_loop(b, queue, &op, deadline, &clock, &mut feed).await
+}
+
+/// What [`ack_then_claim`] did: the ack's revision and the job claimed, if one became ready
+/// within the wait.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AckClaimed {
+    /// The revision of the ack (for a retried request id, the claim's token: see
+    /// `QueueAckClaimed`).
+    pub acked_revision: i64,
+    /// The next job, or `None` when the wait ended with nothing claimed.
+    pub next: Option<ClaimedJob>,
+}
+
+/// Completes the job claimed with `token` and, in the same proposal, makes the claim `next`
+/// describes (validated; its queue is `queue`); if nothing is claimable then, waits up to its
+/// `wait_timeout_ms` (from the ack; absent: without limit) as [`claim`] does. A stale token is
+/// refused as [`ack`] refuses it, and nothing is claimed.
+pub async fn ack_then_claim<B: QueueBackend>(
+    b: &B,
+    queue: &str,
+    id: &str,
+    token: i64,
+    next: &ClaimRequest,
+    clock: impl Fn() -> u64,
+) -> Result<AckClaimed, QueueError> {
+    let deadline =
+        next.wait_timeout_ms.map(|w| tokio::time::Instant::now() + Duration::from_millis(w));
+    let claim = QueueClaimOp {
+        lease: next.lease,
+        visibility_ms: next.visibility_timeout_ms,
+        request_id: next.request_id.clone(),
+    };
+    // Subscribe before proposing, as `claim` does.
+    let mut feed = b.subscribe();
+    let ack = QueueAckOp { job_id: id.to_string(), token };
+    let op = QueueOp::AckClaim(QueueAckClaimOp { ack: Some(ack), claim: Some(claim.clone()) });
+    let done = match outcome(queue, b.decide(command(queue, clock(), op)).await?)? {
+        Outcome::AckClaimed(done) => done,
+        Outcome::Stale(s) => return Err(stale_outcome(queue, id, token, &s)),
+        other => return Err(unexpected(queue, "an ack_claim", &other)),
+    };
+    let acked_revision = done.acked_revision;
+    let seen = match done.next {
+        Some(Next::Claimed(job)) => return Ok(AckClaimed { acked_revision, next: Some(job) }),
+        Some(Next::Empty(e)) => e,
+        None => {
+            return Err(QueueError::Corrupt {
+                key: queue.to_string(),
+                why: "apply answered an ack_claim with neither a job nor an empty queue".into(),
+            })
+        }
+    };
+    if !wait_for_change(queue, &seen, deadline, &clock, &mut feed).await? {
+        return Ok(AckClaimed { acked_revision, next: None });
+    }
+    let next = claim_loop(b, queue, &claim, deadline, &clock, &mut feed).await?;
+    Ok(AckClaimed { acked_revision, next })
+}
+
+/// Proposes claims until one gets a job or the caller's wait ends (`deadline`), sleeping
+/// between them until the queue changes ([`wait_for_change`]). `feed` was subscribed before
+/// the first proposal of the caller's operation.
+async fn claim_loop<B: QueueBackend>(
+    b: &B,
+    queue: &str,
+    op: &QueueClaimOp,
+    deadline: Option<tokio::time::Instant>,
+    clock: &impl Fn() -> u64,
+    feed: &mut tokio::sync::broadcast::Receiver<FeedItem>,
+) -> Result<Option<ClaimedJob>, QueueError> {
     loop {
-        let op = QueueOp::Claim(QueueClaimOp {
-            lease,
-            visibility_ms,
-            request_id: request_id.to_string(),
-        });
-        let (wake_at, seen) = match outcome(queue, b.decide(command(queue, clock(), op)).await?)? {
+        let cmd = command(queue, clock(), QueueOp::Claim(op.clone()));
+        let empty = match outcome(queue, b.decide(cmd).await?)? {
             Outcome::Claimed(job) => return Ok(Some(job)),
-            Outcome::Empty(e) => (Some(e.wake_at_ms).filter(|&t| t > 0), e.revision),
-            other => {
-                return Err(QueueError::Corrupt {
-                    key: queue.to_string(),
-                    why: format!("apply answered a claim with {other:?}"),
-                })
-            }
+            Outcome::Empty(e) => e,
+            other => return Err(unexpected(queue, "a claim", &other)),
         };
-        let now = tokio::time::Instant::now();
-        if deadline.is_some_and(|d| d <= now) {
+        if !wait_for_change(queue, &empty, deadline, clock, feed).await? {
             return Ok(None);
         }
-        // Sleep until the next delayed job is due (by this member's clock), but at most until
-        // the caller's wait ends; a far-off due time is re-checked hourly (a clock step).
-        let due = wake_at.map(|t| Duration::from_millis(t.saturating_sub(clock()).max(1)));
-        let mut until =
-            now + due.unwrap_or(Duration::from_secs(3600)).min(Duration::from_secs(3600));
-        if let Some(d) = deadline {
-            until = until.min(d);
+    }
+}
+
+/// After apply found nothing claimable (`empty`), sleeps until something may be: a later
+/// revision that writes the queue's index or deletes a claim, a snapshot install, the next
+/// delayed job's due time (by this member's clock), or the caller's `deadline`. Returns false
+/// when the deadline has passed (the caller's wait is over), true to propose again.
+async fn wait_for_change(
+    queue: &str,
+    empty: &QueueEmpty,
+    deadline: Option<tokio::time::Instant>,
+    clock: &impl Fn() -> u64,
+    feed: &mut tokio::sync::broadcast::Receiver<FeedItem>,
+) -> Result<bool, QueueError> {
+    let wake_at = Some(empty.wake_at_ms).filter(|&t| t > 0);
+    let now = tokio::time::Instant::now();
+    if deadline.is_some_and(|d| d <= now) {
+        return Ok(false);
+    }
+    // Sleep until the next delayed job is due (by this member's clock), but at most until the
+    // caller's wait ends; a far-off due time is re-checked hourly (a clock step).
+    let due = wake_at.map(|t| Duration::from_millis(t.saturating_sub(clock()).max(1)));
+    let mut until = now + due.unwrap_or(Duration::from_secs(3600)).min(Duration::from_secs(3600));
+    if let Some(d) = deadline {
+        until = until.min(d);
+    }
+    let sleep = tokio::time::sleep_until(until);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            _ = &mut sleep => return Ok(true),
+            batch = feed.recv() => match batch {
+                // A snapshot install: jobs may have become claimable inside it. Re-read.
+                Ok(FeedItem::SnapshotInstalled { .. }) => return Ok(true),
+                Ok(FeedItem::Revision(batch)) if batch.revision <= empty.revision => {}
+                Ok(FeedItem::Revision(batch)) => if may_wake(queue, &batch) { return Ok(true) },
+                // Fell behind the feed: propose again instead of trusting it.
+                Err(RecvError::Lagged(_)) => return Ok(true),
+                Err(RecvError::Closed) => return Err(QueueError::Store(StoreError::Stopped)),
+            },
         }
-        let sleep = tokio::time::sleep_until(until);
-        tokio::pin!(sleep);
-        loop {
-            tokio::select! {
-                _ = &mut sleep => break,
-                batch = feed.recv() => match batch {
-                    // A snapshot install: jobs may have become claimable inside it. Re-read.
-                    Ok(FeedItem::SnapshotInstalled { .. }) => break,
-                    Ok(FeedItem::Revision(batch)) if batch.revision <= seen => {}
-                    Ok(FeedItem::Revision(batch)) => if may_wake(queue, &batch) { break },
-                    // Fell behind the feed: propose again instead of trusting it.
-                    Err(RecvError::Lagged(_)) => break,
-                    Err(RecvError::Closed) => {
-                        return Err(QueueError::Store(StoreError::Stopped));
-                    }
-                },
-            }
-        }
+    }
+}
+
+fn unexpected(queue: &str, what: &str, other: &Outcome) -> QueueError {
+    QueueError::Corrupt {
+        key: queue.to_string(),
+        why: format!("apply answered {what} with {other:?}"),
+    }
+}
+
+fn stale_outcome(queue: &str, id: &str, token: i64, s: &QueueStale) -> QueueError {
+    QueueError::StaleClaim {
+        queue: queue.to_string(),
+        job: id.to_string(),
+        token,
+        current: Some(s.current).filter(|&c| c != 0),
+        job_exists: s.job_exists,
     }
 }
 
@@ -274,17 +371,8 @@ pub async fn ack<B: QueueBackend>(
     // The clock plays no part in an ack.
     match outcome(queue, b.decide(command(queue, 0, op)).await?)? {
         Outcome::Acked(done) => Ok(done.revision),
-        Outcome::Stale(s) => Err(QueueError::StaleClaim {
-            queue: queue.to_string(),
-            job: id.to_string(),
-            token,
-            current: Some(s.current).filter(|&c| c != 0),
-            job_exists: s.job_exists,
-        }),
-        other => Err(QueueError::Corrupt {
-            key: queue.to_string(),
-            why: format!("apply answered an ack with {other:?}"),
-        }),
+        Outcome::Stale(s) => Err(stale_outcome(queue, id, token, &s)),
+        other => Err(unexpected(queue, "an ack", &other)),
     }
 }
 

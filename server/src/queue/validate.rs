@@ -57,10 +57,21 @@ pub fn claim(req: &ClaimRequest) -> Result<(), QueueError> {
     Ok(())
 }
 
-/// Ack: the queue and the job.
-pub fn ack(req: &AckJobRequest) -> Result<(), QueueError> {
+/// Ack: the queue and the job, and with `claim_next` the claim as [`claim`] checks it. Returns
+/// the claim to make next, its queue filled in, if the request asks for one.
+pub fn ack(req: &AckJobRequest) -> Result<Option<ClaimRequest>, QueueError> {
     validate_queue(&req.queue)?;
-    validate_job_id(&req.job_id)
+    validate_job_id(&req.job_id)?;
+    let Some(next) = &req.claim_next else { return Ok(None) };
+    if !next.queue.is_empty() && next.queue != req.queue {
+        return Err(invalid(format!(
+            "picket: claim_next names queue {:?}, but an ack claims its next job from its own queue ({:?}): leave claim_next.queue empty or the same",
+            next.queue, req.queue
+        )));
+    }
+    let next = ClaimRequest { queue: req.queue.clone(), ..next.clone() };
+    claim(&next)?;
+    Ok(Some(next))
 }
 
 /// Nack: the queue, the job and the delay. Returns the error text to record: a long one is cut
@@ -229,6 +240,28 @@ mod tests {
         refused(
             ack(&AckJobRequest { queue: q(), job_id: "Not-An-Id".into(), ..Default::default() }),
             "job id",
+        );
+        let ack_next = |next: ClaimRequest| AckJobRequest {
+            queue: q(),
+            job_id: "ab".into(),
+            token: 7,
+            claim_next: Some(next),
+        };
+        let other = ClaimRequest { queue: "other".into(), lease: 1, ..Default::default() };
+        refused(ack(&ack_next(other)), "claims its next job from its own queue");
+        refused(ack(&ack_next(ClaimRequest::default())), "lease");
+        let slow = ClaimRequest {
+            lease: 1,
+            wait_timeout_ms: Some(MAX_DELAY_MS + 1),
+            ..Default::default()
+        };
+        refused(ack(&ack_next(slow)), "wait_timeout_ms");
+        // An empty queue name means this ack's queue, filled in for the claim.
+        let next = ack(&ack_next(ClaimRequest { lease: 1, ..Default::default() })).unwrap();
+        assert_eq!(next.map(|n| (n.queue, n.lease)), Some((q(), 1)));
+        assert_eq!(
+            ack(&AckJobRequest { queue: q(), job_id: "ab".into(), ..Default::default() }).unwrap(),
+            None
         );
         refused(
             extend(&ExtendClaimRequest {
