@@ -564,6 +564,22 @@ async fn picket(endpoints: &[String], args: &[&str]) -> Result<(i32, String, Str
 }
 
 #[tokio::test]
+async fn the_cli_bench_runs_its_cycles_and_leaves_the_queue_empty() -> Result<()> {
+    let cluster = Cluster::start(3, ClusterOptions::default()).await?;
+    let eps = cluster.endpoints();
+    let args = ["queue", "bench", "b", "--count", "40", "--concurrency", "4", "-w", "json"];
+    let (code, out, err) = picket(&eps, &args).await?;
+    assert_eq!(code, 0, "{err}");
+    let r: serde_json::Value = serde_json::from_str(out.trim())?;
+    assert_eq!(r["cycles"], 40, "{out}");
+    // Every job enqueued was acked: the cycles' ack-and-claims and each worker's last ack.
+    let s = client(&cluster).await?.queue("b").inspect(10).await?;
+    assert_eq!((s.ready, s.delayed, s.in_flight, s.dead), (0, 0, 0, 0), "{s:?}");
+    cluster.finish();
+    Ok(())
+}
+
+#[tokio::test]
 async fn the_cli_enqueues_claims_acks_and_reports_stale_tokens() -> Result<()> {
     let cluster = Cluster::start(1, ClusterOptions::default()).await?;
     let eps = cluster.endpoints();

@@ -31,7 +31,8 @@ pub enum QueueCmd {
     Inspect(InspectArgs),
     /// List dead-lettered jobs, or move one back into the queue with --requeue.
     Dlq(DlqArgs),
-    /// Measure enqueue+claim+ack cycles per second and their latency on a scratch queue.
+    /// Measure job cycles per second and their latency on a scratch queue: each worker enqueues,
+    /// then acks the job it holds and claims the next in one call (Ack with claim_next).
     Bench(BenchArgs),
 }
 
@@ -390,7 +391,7 @@ async fn bench(ctx: &Ctx, client: &picket_client::Client, a: BenchArgs) -> Resul
             "concurrency": a.concurrency,
         })),
         _ => output::line(format!(
-            "{} enqueue+claim+ack cycles in {secs:.2} s with {} workers: {rate:.1} cycles/s, \
+            "{} enqueue, ack-and-claim cycles in {secs:.2} s with {} workers: {rate:.1} cycles/s, \
              latency p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
             lat.len(),
             a.concurrency,
