@@ -281,6 +281,15 @@ fn ms(d: Duration) -> u64 {
 
 /// A request id unique across this process's claims: the lease makes it unique across the
 /// cluster's workers, the process id and a counter within the lease's holders.
+/// A claim's "lease not found" names the caller's lease: the server's message does not carry
+/// the id.
+fn naming(lease: i64) -> impl FnOnce(Error) -> Error {
+    move |e| match e {
+        Error::LeaseNotFound(_) => Error::LeaseNotFound(lease),
+        e => e,
+    }
+}
+
 fn request_id(lease: i64) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     format!("{lease:x}-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
@@ -386,10 +395,7 @@ impl Queue {
                 async move { Ok(QueueClient::new(ch).ack(request(req)).await?.into_inner()) }
             })
             .await
-            .map_err(|e| match e {
-                Error::LeaseNotFound(_) => Error::LeaseNotFound(lease),
-                e => e,
-            })?;
+            .map_err(naming(lease))?;
         if let Some(j) = resp.next {
             return Ok(Some(self.claimed(j)));
         }
@@ -455,11 +461,7 @@ impl Queue {
                     async move { Ok(QueueClient::new(ch).claim(request(req)).await?.into_inner()) }
                 })
                 .await
-                .map_err(|e| match e {
-                    // The server's message does not carry the id; the caller's lease it is.
-                    Error::LeaseNotFound(_) => Error::LeaseNotFound(lease),
-                    e => e,
-                })?;
+                .map_err(naming(lease))?;
             if let Some(j) = resp.job {
                 return Ok(Some(self.claimed(j)));
             }

@@ -50,6 +50,7 @@ pub const QUEUE: &str = "jepsen";
 const MAX_ATTEMPTS: u32 = 8;
 /// How long a worker's Claim waits server-side for a job.
 const CLAIM_WAIT_MS: u64 = 500;
+const CLAIM_WAIT: Duration = Duration::from_millis(CLAIM_WAIT_MS);
 /// Claims of the drain: it stops after this many empty claims in a row (each waits
 /// [`DRAIN_WAIT_MS`]) once nothing is pending, or after [`DRAIN_MAX`] claims.
 const DRAIN_EMPTY: usize = 3;
@@ -240,74 +241,51 @@ fn claim_ok(
     Ok(Some(Claimed { id: j.job_id, payload, token: j.token }))
 }
 
-/// One `ack` with `claim_next` for `lease`: one write that acks `job` and claims the next one,
-/// recorded as the `ack` and then the `claim` it made. Returns the job claimed, if any.
-async fn ack_claim(
-    rec: &mut Recorder,
-    q: &mut QueueClient<Channel>,
-    job: &Claimed,
-    lease: i64,
-    timeout: Duration,
-) -> Result<Option<Claimed>, WorkloadError> {
-    let args = json!({"id": job.id, "token": job.token, "payload": job.payload, "final": false,
-                      "claim_next": true});
-    rec.invoke("ack", Some(QUEUE), args.clone())?;
-    let next = ClaimRequest { lease, wait_timeout_ms: Some(CLAIM_WAIT_MS), ..Default::default() };
-    let req = AckJobRequest {
-        queue: QUEUE.into(),
-        job_id: job.id.clone(),
-        token: job.token,
-        claim_next: Some(next),
-    };
-    let claim_args = json!({ "lease": lease, "final": false });
-    match bounded(timeout + Duration::from_millis(CLAIM_WAIT_MS), q.ack(req)).await {
-        Ok(r) => {
-            let v = json!({"id": job.id, "token": job.token, "payload": job.payload,
-                           "revision": r.ack_revision, "final": false});
-            let h = hdr(r.header.as_ref());
-            rec.ok("ack", Some(QUEUE), v, h)?;
-            rec.invoke("claim", Some(QUEUE), claim_args)?;
-            claim_ok(rec, r.next, lease, false, h)
-        }
-        Err(e) => {
-            // A refusal (fail) claimed nothing: the command is refused whole. An unknown
-            // outcome may have claimed a job under our lease, which ends with the lease.
-            if rec.error("ack", Some(QUEUE), args, &e, false)? == EventType::Info {
-                rec.invoke("claim", Some(QUEUE), claim_args.clone())?;
-                rec.error("claim", Some(QUEUE), claim_args, &e, false)?;
-            }
-            Ok(None)
-        }
-    }
-}
-
-/// One `ack` operation; returns whether it succeeded.
+/// One `ack` operation. With `next_lease`, an ack with `claim_next` for that lease: one write
+/// that also claims the next job, recorded as the `ack` and then the `claim` it made. Returns
+/// whether the ack succeeded, and the job claimed, if any.
 async fn ack(
     rec: &mut Recorder,
     q: &mut QueueClient<Channel>,
     job: &Claimed,
+    next_lease: Option<i64>,
     timeout: Duration,
     fin: bool,
-) -> Result<bool, WorkloadError> {
-    let args = json!({"id": job.id, "token": job.token, "payload": job.payload, "final": fin});
+) -> Result<(bool, Option<Claimed>), WorkloadError> {
+    let mut args = json!({"id": job.id, "token": job.token, "payload": job.payload, "final": fin});
+    if next_lease.is_some() {
+        args["claim_next"] = true.into();
+    }
     rec.invoke("ack", Some(QUEUE), args.clone())?;
-    let req = AckJobRequest {
-        queue: QUEUE.into(),
-        job_id: job.id.clone(),
-        token: job.token,
-        claim_next: None,
-    };
-    match bounded(timeout, q.ack(req)).await {
+    let claim_next = next_lease.map(|lease| ClaimRequest {
+        lease,
+        wait_timeout_ms: Some(CLAIM_WAIT_MS),
+        ..Default::default()
+    });
+    // The claim may wait server-side for a job: the bound covers that wait too.
+    let bound = timeout + claim_next.as_ref().map_or(Duration::ZERO, |_| CLAIM_WAIT);
+    let req =
+        AckJobRequest { queue: QUEUE.into(), job_id: job.id.clone(), token: job.token, claim_next };
+    match bounded(bound, q.ack(req)).await {
         Ok(r) => {
-            let rev = r.header.as_ref().map(|h| h.revision).unwrap_or_default();
             let v = json!({"id": job.id, "token": job.token, "payload": job.payload,
-                           "revision": rev, "final": fin});
-            rec.ok("ack", Some(QUEUE), v, hdr(r.header.as_ref()))?;
-            Ok(true)
+                           "revision": r.ack_revision, "final": fin});
+            let h = hdr(r.header.as_ref());
+            rec.ok("ack", Some(QUEUE), v, h)?;
+            let Some(lease) = next_lease else { return Ok((true, None)) };
+            rec.invoke("claim", Some(QUEUE), json!({ "lease": lease, "final": fin }))?;
+            Ok((true, claim_ok(rec, r.next, lease, fin, h)?))
         }
         Err(e) => {
-            rec.error("ack", Some(QUEUE), args, &e, false)?;
-            Ok(false)
+            // A refusal (fail) claimed nothing: the command is refused whole. An unknown
+            // outcome may have claimed a job under our lease, which ends with the lease.
+            let kind = rec.error("ack", Some(QUEUE), args, &e, false)?;
+            if let (Some(lease), EventType::Info) = (next_lease, kind) {
+                let claim_args = json!({ "lease": lease, "final": fin });
+                rec.invoke("claim", Some(QUEUE), claim_args.clone())?;
+                rec.error("claim", Some(QUEUE), claim_args, &e, false)?;
+            }
+            Ok((false, None))
         }
     }
 }
@@ -364,9 +342,9 @@ async fn consumer(
         if roll < 42 {
             // The worker's next job comes in the ack's own write (same lease: a held job is
             // only ever taken under the lease it was claimed with).
-            held = ack_claim(&mut rec, &mut q, &job, l, timeout).await?;
+            held = ack(&mut rec, &mut q, &job, Some(l), timeout, false).await?.1;
         } else if roll < 85 {
-            ack(&mut rec, &mut q, &job, timeout, false).await?;
+            ack(&mut rec, &mut q, &job, None, timeout, false).await?;
         } else {
             let args = json!({"id": job.id, "token": job.token, "payload": job.payload});
             rec.invoke("nack", Some(QUEUE), args.clone())?;
@@ -417,7 +395,7 @@ async fn drain(
         match job {
             Some(job) => {
                 empty = 0;
-                if !ack(rec, &mut q, &job, timeout, true).await? {
+                if !ack(rec, &mut q, &job, None, timeout, true).await?.0 {
                     break;
                 }
             }

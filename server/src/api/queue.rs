@@ -165,11 +165,11 @@ impl Queue for QueueService {
         if let Some(j) = &done.next {
             tracing::debug!(queue = %req.queue, job = %j.job_id, revision = j.token, attempt = j.attempt, "claimed with an ack");
         }
-        let rev = done.next.as_ref().map_or(done.acked_revision, |j| j.token);
+        let rev = done.next.as_ref().map_or(done.ack_revision, |j| j.token);
         Ok(Response::new(AckJobResponse {
             header: self.header(rev),
             next: done.next,
-            ack_revision: done.acked_revision,
+            ack_revision: done.ack_revision,
         }))
     }
 

@@ -167,18 +167,18 @@ fn ack_claim<E: Engine>(
         return Err(corrupt(queue.as_bytes(), "ack_claim without its ack or its claim").into());
     };
     if let Some(job) = retried(b, leases, queue, claim_op)? {
-        let acked_revision = job.token;
+        let ack_revision = job.token;
         return Ok(Outcome::AckClaimed(QueueAckClaimed {
-            acked_revision,
+            ack_revision,
             next: Some(Next::Claimed(job)),
         }));
     }
-    let acked_revision = match ack(b, leases, queue, ack_op)? {
+    let ack_revision = match ack(b, leases, queue, ack_op)? {
         Outcome::Acked(done) => done.revision,
         refused => return Ok(refused),
     };
     let next = pick(b, leases, queue, claim_op, now_ms)?;
-    Ok(Outcome::AckClaimed(QueueAckClaimed { acked_revision, next: Some(next) }))
+    Ok(Outcome::AckClaimed(QueueAckClaimed { ack_revision, next: Some(next) }))
 }
 
 /// What every claim does first: refuse a lease that does not exist, before anything is written

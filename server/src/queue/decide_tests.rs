@@ -95,7 +95,7 @@ fn ack_claim(id: &str, token: i64, lease: i64, request_id: &str) -> QueueCommand
 /// The ack's revision and what the claim got, from an ack_claim's outcome.
 fn ack_claimed(o: Result<Outcome, MvccError>) -> (i64, Next) {
     match o {
-        Ok(Outcome::AckClaimed(d)) => (d.acked_revision, d.next.expect("a next")),
+        Ok(Outcome::AckClaimed(d)) => (d.ack_revision, d.next.expect("a next")),
         other => panic!("expected an ack_claim's answer, got {other:?}"),
     }
 }

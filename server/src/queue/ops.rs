@@ -170,7 +170,7 @@ pub async fn claim<B: QueueBackend>(
 pub struct AckClaimed {
     /// The revision of the ack (for a retried request id, the claim's token: see
     /// `QueueAckClaimed`).
-    pub acked_revision: i64,
+    pub ack_revision: i64,
     /// The next job, or `None` when the wait ended with nothing claimed.
     pub next: Option<ClaimedJob>,
 }
@@ -189,7 +189,7 @@ pub async fn ack_then_claim<B: QueueBackend>(
 ) -> Result<AckClaimed, QueueError> {
     let deadline =
         next.wait_timeout_ms.map(|w| tokio::time::Instant::now() + Duration::from_millis(w));
-    let claim = QueueClaimOp {
+    let claim = || QueueClaimOp {
         lease: next.lease,
         visibility_ms: next.visibility_timeout_ms,
         request_id: next.request_id.clone(),
@@ -197,15 +197,15 @@ pub async fn ack_then_claim<B: QueueBackend>(
     // Subscribe before proposing, as `claim` does.
     let mut feed = b.subscribe();
     let ack = QueueAckOp { job_id: id.to_string(), token };
-    let op = QueueOp::AckClaim(QueueAckClaimOp { ack: Some(ack), claim: Some(claim.clone()) });
+    let op = QueueOp::AckClaim(QueueAckClaimOp { ack: Some(ack), claim: Some(claim()) });
     let done = match outcome(queue, b.decide(command(queue, clock(), op)).await?)? {
         Outcome::AckClaimed(done) => done,
         Outcome::Stale(s) => return Err(stale_outcome(queue, id, token, &s)),
         other => return Err(unexpected(queue, "an ack_claim", &other)),
     };
-    let acked_revision = done.acked_revision;
+    let ack_revision = done.ack_revision;
     let seen = match done.next {
-        Some(Next::Claimed(job)) => return Ok(AckClaimed { acked_revision, next: Some(job) }),
+        Some(Next::Claimed(job)) => return Ok(AckClaimed { ack_revision, next: Some(job) }),
         Some(Next::Empty(e)) => e,
         None => {
             return Err(QueueError::Corrupt {
@@ -215,10 +215,10 @@ pub async fn ack_then_claim<B: QueueBackend>(
         }
     };
     if !wait_for_change(queue, &seen, deadline, &clock, &mut feed).await? {
-        return Ok(AckClaimed { acked_revision, next: None });
+        return Ok(AckClaimed { ack_revision, next: None });
     }
-    let next = claim_loop(b, queue, &claim, deadline, &clock, &mut feed).await?;
-    Ok(AckClaimed { acked_revision, next })
+    let next = claim_loop(b, queue, &claim(), deadline, &clock, &mut feed).await?;
+    Ok(AckClaimed { ack_revision, next })
 }
 
 /// Proposes claims until one gets a job or the caller's wait ends (`deadline`), sleeping
