@@ -846,3 +846,65 @@ async fn lease_of_a_silent_client_expires_within_its_bound() -> Result<()> {
     cluster.finish();
     Ok(())
 }
+
+/// `picket_server_read_index_rounds_total{via="..."}` on the member at `endpoint`.
+async fn read_index_rounds(
+    http: &picket_tests::http::Http,
+    endpoint: &str,
+    via: &str,
+) -> Result<u64> {
+    let reply = http.get(endpoint, "/metrics").await?;
+    ensure!(reply.status == 200, "/metrics on {endpoint}: {reply:?}");
+    let text = reply.body.as_str().context("/metrics is text")?;
+    let name = format!("picket_server_read_index_rounds_total{{via=\"{via}\"}} ");
+    let line = text.lines().find_map(|l| l.strip_prefix(name.as_str()));
+    line.with_context(|| format!("no {name} on {endpoint}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("{name} on {endpoint}"))
+}
+
+/// Issue 20: a follower relays keep-alives and TimeToLive to the leader without first starting
+/// a read-index round of its own, which its core could only refuse (it is not the leader) and
+/// which cost a task and a core message per keep-alive. The leader's own rounds confirm the
+/// relayed ones. Seen failing on the code before (the follower's local rounds grew by one per
+/// keep-alive and TimeToLive: 25).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_relays_keep_alives_without_a_round_of_its_own() -> Result<()> {
+    let cluster = Cluster::start(3, ClusterOptions::default()).await?;
+    let leader = cluster.leader().await?;
+    let follower = (0..3).find(|&i| i != leader).context("a follower")?;
+    let http = picket_tests::http::Http::new();
+    let mut c = cluster.client(follower).await?;
+    let id = c.lease_grant(10, None).await?.id();
+    // A round of the follower's own now would be a read it asks the leader for, not a local
+    // one: this settles that it knows the leader before counting.
+    c.get("settle", None).await?;
+    let (f_before, l_before) = (
+        read_index_rounds(&http, &cluster.endpoint(follower), "local").await?,
+        read_index_rounds(&http, &cluster.endpoint(leader), "local").await?,
+    );
+
+    info!(member = cluster.name(follower), "20 keep-alives and 5 TimeToLive through a follower");
+    // `lease_keep_alive` sends the first keep-alive and waits for its answer itself.
+    let (mut keeper, mut answers) = c.lease_keep_alive(id).await?;
+    for i in 1..20 {
+        keeper.keep_alive().await?;
+        let answer = tokio::time::timeout(Duration::from_secs(10), answers.message())
+            .await
+            .context("keep-alive answer")??
+            .context("keep-alive stream ended")?;
+        ensure!(answer.ttl() > 0, "keep-alive {i} answered ttl {}", answer.ttl());
+    }
+    for _ in 0..5 {
+        assert_live_ttl(ttl_of(&mut c, id).await?, 10, "TimeToLive through a follower");
+    }
+    drop((keeper, answers));
+
+    let f_rounds = read_index_rounds(&http, &cluster.endpoint(follower), "local").await? - f_before;
+    let l_rounds = read_index_rounds(&http, &cluster.endpoint(leader), "local").await? - l_before;
+    assert_eq!(f_rounds, 0, "the follower started read-index rounds of its own");
+    assert!(l_rounds > 0, "the leader confirmed none of the relayed keep-alives");
+    cluster.finish();
+    Ok(())
+}

@@ -65,6 +65,8 @@ fn has_query_flag(uri: &Uri, name: &str) -> bool {
 async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
     state.metrics.observe_store(&state.ctx.sm);
     state.metrics.observe_in_flight(state.ctx.proposer.oldest_in_flight());
+    let (local, leader) = state.ctx.proposer.read_index_rounds();
+    state.metrics.observe_read_index_rounds(local, leader);
     match state.metrics.render() {
         Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text)
             .into_response(),

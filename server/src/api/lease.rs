@@ -179,16 +179,18 @@ pub async fn time_to_live_local(
     })
 }
 
-/// Keep-alive from any member: local on the leader, relayed otherwise.
+/// Keep-alive from any member: relayed when another member is known to lead, local otherwise.
+///
+/// A member that knows another leader relays at once rather than first trying locally: the
+/// local attempt starts a read-index round only for openraft to refuse it (not the leader),
+/// which cost a follower a spawned task and a message to its core on every keep-alive. A
+/// member whose view is stale either way still gets there: a relay the old leader refuses falls
+/// through to the local attempt, and a local attempt on a member that lost leadership falls
+/// through to the next pass's relay.
 async fn keep_alive(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
     let deadline = Instant::now() + ctx.proposer.request_timeout();
     loop {
-        match keep_alive_local(ctx, id).await {
-            Err(s) if s.code() == Code::Unavailable => {}
-            other => return other,
-        }
-        // Not the leader: relay. Keep-alives are idempotent, so a failed relay is retried until
-        // the request deadline.
+        // Keep-alives are idempotent, so a failed relay is retried until the request deadline.
         if let Some(mut peer) = ctx.proposer.leader_client() {
             match peer.lease_keep_alive(LeaseKeepAliveRequest { id }).await {
                 Ok(r) => {
@@ -198,6 +200,10 @@ async fn keep_alive(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveResponse, Status
                 }
                 Err(s) => tracing::debug!(lease_id = id, error = %s, "keep-alive relay failed"),
             }
+        }
+        match keep_alive_local(ctx, id).await {
+            Err(s) if s.code() == Code::Unavailable => {}
+            other => return other,
         }
         if Instant::now() >= deadline {
             return Err(ProposeError::NoLeader.into_status());
@@ -223,15 +229,12 @@ impl crate::raft::service::LeaderLeases for LeaseRelayTarget {
     }
 }
 
-/// TimeToLive from any member: local on the leader, relayed otherwise.
+/// TimeToLive from any member: relayed when another member is known to lead, local otherwise
+/// (as [`keep_alive`], for the same reason).
 pub async fn time_to_live_any(
     ctx: &Ctx,
     req: LeaseTimeToLiveRequest,
 ) -> Result<LeaseTimeToLiveResponse, Status> {
-    match time_to_live_local(ctx, &req).await {
-        Err(s) if s.code() == Code::Unavailable => {}
-        other => return other,
-    }
     let deadline = Instant::now() + ctx.proposer.request_timeout();
     loop {
         if let Some(mut peer) = ctx.proposer.leader_client() {
@@ -246,6 +249,10 @@ pub async fn time_to_live_any(
                     tracing::debug!(lease_id = req.id, error = %s, "time-to-live relay failed")
                 }
             }
+        }
+        match time_to_live_local(ctx, &req).await {
+            Err(s) if s.code() == Code::Unavailable => {}
+            other => return other,
         }
         if Instant::now() >= deadline {
             return Err(ProposeError::NoLeader.into_status());

@@ -90,6 +90,7 @@ pub struct Metrics {
     watchers: IntGauge,
     slow_watchers: IntGauge,
     watch_refused: IntCounterVec,
+    read_index_rounds: IntCounterVec,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(
@@ -287,6 +288,19 @@ impl Metrics {
                     &["limit"],
                 )?,
             )?,
+            read_index_rounds: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "server_read_index_rounds_total",
+                        "Read-index rounds started on this member (each serves every linearizable \
+                         read, keep-alive and TimeToLive queued before it): via=\"local\" asks this \
+                         member's own Raft core (the leader's quorum check), via=\"leader\" asks \
+                         the leader.",
+                    ),
+                    &["via"],
+                )?,
+            )?,
             registry,
         };
         Ok(metrics)
@@ -353,6 +367,15 @@ impl Metrics {
     /// Records the age of the oldest proposal entry in flight (`None`: none), at scrape time.
     pub fn observe_in_flight(&self, oldest: Option<std::time::Duration>) {
         self.oldest_in_flight.set(oldest.map_or(0.0, |d| d.as_secs_f64()));
+    }
+
+    /// Brings the read-index round counters up to the proposer's counts (`local`, `leader`), at
+    /// scrape time.
+    pub fn observe_read_index_rounds(&self, local: u64, leader: u64) {
+        for (via, now) in [("local", local), ("leader", leader)] {
+            let c = self.read_index_rounds.with_label_values(&[via]);
+            c.inc_by(now.saturating_sub(c.get()));
+        }
     }
 
     /// Refreshes the gauges that are read from the store at scrape time.
@@ -440,6 +463,8 @@ mod tests {
         disk.time_backend_commit(|| ());
         let w = m.watcher();
         let slow = m.slow_watcher();
+        m.observe_read_index_rounds(3, 0);
+        m.observe_read_index_rounds(5, 2);
         let text = m.render().expect("render");
         assert!(text.contains("picket_server_quota_backend_bytes 1048576"), "{text}");
         assert!(text.contains("picket_server_max_request_bytes 1572864"), "{text}");
@@ -448,6 +473,8 @@ mod tests {
         assert!(text.contains("picket_disk_backend_commit_duration_seconds_count 1"), "{text}");
         assert!(text.contains("picket_debugging_mvcc_watcher_total 1"), "{text}");
         assert!(text.contains("picket_debugging_mvcc_slow_watcher_total 1"), "{text}");
+        assert!(text.contains("picket_server_read_index_rounds_total{via=\"local\"} 5"), "{text}");
+        assert!(text.contains("picket_server_read_index_rounds_total{via=\"leader\"} 2"), "{text}");
         drop((w, slow));
         let text = m.render().expect("render");
         assert!(text.contains("picket_debugging_mvcc_watcher_total 0"), "{text}");

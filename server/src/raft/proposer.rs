@@ -307,6 +307,11 @@ impl Proposer {
         self.inner.writes.oldest_in_flight()
     }
 
+    /// Read-index rounds started so far: on this member's own core, and by asking the leader.
+    pub fn read_index_rounds(&self) -> (u64, u64) {
+        (self.inner.local_reads.rounds(), self.inner.leader_reads.rounds())
+    }
+
     /// A client for the current leader, if one is known and it is not this member.
     pub fn leader_client(&self) -> Option<RaftServiceClient<Channel>> {
         let leader = self.inner.raft.metrics().borrow_watched().current_leader?;
