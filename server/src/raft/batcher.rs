@@ -53,10 +53,12 @@ pub const MAX_BATCH_COMMANDS: usize = 256;
 pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 
 /// Entries in flight at once: the depth of the group-commit pipeline. One, measured against 2
-/// and 4 (docs/benchmarks.md, "Pipeline depth K": median put x64 ratio to etcd 0.93 vs 0.88 and
-/// 0.92, within noise but never worse). openraft 0.9's core appends one client write at a time,
-/// so a second entry in flight cannot share the leader's fsync; it only waits inside openraft
-/// holding commands the next, larger batch would have carried.
+/// and 4 under openraft 0.9 (docs/benchmarks.md, "Pipeline depth K") and again under 0.10,
+/// whose flush off the core task could have let entries overlap (same file, "Issue 20, session
+/// 14"): no row gained, put x64 lost up to 18 % at 4, and CPU per operation rose with depth on
+/// every row. The members are CPU-bound when many writes are queued, so a second entry in flight
+/// only splits the commands the next, larger batch would have carried into more entries, each
+/// paying the per-entry costs.
 pub const MAX_IN_FLIGHT: usize = 1;
 
 /// Bound on one entry in flight, from its start to its callers' answers: the request timeout at
