@@ -58,6 +58,9 @@ matrix=(
     "watch-kill|watch|kill|0"
     "lease-pause|lease|pause|0"
     "queue-kill|queue|kill|0"
+    # A member's wall clock bumped up to an hour either way (issue 20, session 14: jobs
+    # enqueued through a member an hour ahead stayed delayed for that hour).
+    "queue-clock|queue|clock|0"
     "lock-set-pause-control|lock-set|pause|1"
 )
 

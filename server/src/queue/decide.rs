@@ -234,8 +234,12 @@ fn pick<E: Engine>(
         });
         for kv in &page {
             let Some(pk) = keys::parse_pending_key(queue, &kv.key) else { continue };
-            if pk.ready_at_ms > now_ms {
-                // The rest of this priority band is later still: skip to the next band.
+            // The entry as the page read it: nothing in this command wrote it since (a reap
+            // below deletes only the claim key), so no second read.
+            let rec: QueuePendingRecord = decode(kv)?;
+            if super::waiting(pk.ready_at_ms, rec.delay_ms, now_ms) {
+                // The band sorts by ready time, so the rest of it is later still (or stamped by
+                // a clock running ahead, which `waiting` bounds): skip to the next band.
                 note(pk.ready_at_ms);
                 next = Some(prefix_end(&keys::band_prefix(queue, pk.priority)));
                 break;
@@ -258,9 +262,6 @@ fn pick<E: Engine>(
                 run(b, leases, &claim.key, txns::reap(queue, &pk.id, claim.mod_revision))?;
                 fixes += 1;
             }
-            // The entry as the page read it: nothing in this command wrote it since (a reap
-            // deletes only the claim key), so no second read.
-            let rec: QueuePendingRecord = decode(kv)?;
             let max = rec.max_attempts.max(1);
             if rec.attempts >= max {
                 if fixes >= MAX_FIXES {

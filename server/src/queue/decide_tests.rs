@@ -30,11 +30,17 @@ impl State {
         Self { store: MvccStore::open(MemEngine::new()).unwrap(), leases }
     }
 
+    /// Enqueues `id` ready at `ready_at_ms`: written at time 0 with that delay.
     fn enqueue(&mut self, id: &str, ready_at_ms: u64, max_attempts: u32) {
+        self.enqueue_at(id, 0, ready_at_ms, max_attempts);
+    }
+
+    /// Enqueues `id` as a member whose clock reads `now_ms` would, with `delay_ms`.
+    fn enqueue_at(&mut self, id: &str, now_ms: u64, delay_ms: u64, max_attempts: u32) {
         let job =
             QueueJobRecord { payload: id.as_bytes().to_vec(), max_attempts, ..Default::default() };
         let mut b = self.store.begin_apply();
-        let r = b.txn(&txns::enqueue(Q, id, &job, ready_at_ms, None), &self.leases).unwrap();
+        let r = b.txn(&txns::enqueue(Q, id, &job, now_ms, delay_ms, None), &self.leases).unwrap();
         assert!(r.succeeded);
         b.commit(false).unwrap();
     }
@@ -213,6 +219,32 @@ fn a_delayed_job_waits_and_a_claim_on_a_missing_lease_writes_nothing() {
     assert_eq!(claimed(s.one(claim(1, 6_000))).job_id, "later");
 }
 
+/// A job enqueued through a member whose wall clock had jumped an hour ahead is claimable at
+/// once through a member with the right time, as is one nacked there with a short backoff;
+/// a real delay, written by a clock a little ahead (within the tolerance), still waits. Found
+/// by the harness (`queue` under the `clock` nemesis: 187 jobs enqueued through a member at
+/// +57 min stayed delayed, and the final drain never ended). Seen failing with `waiting`
+/// reverted to "ready time after now": the first claim found nothing, to wake in an hour.
+#[test]
+fn a_ready_time_stamped_by_a_clock_far_ahead_does_not_hold_a_job_back() {
+    let hour = 3_600_000;
+    let mut s = State::new();
+    s.enqueue_at("skewed", hour + 1_000, 0, 5);
+    s.enqueue_at("backoff", hour + 1_000, 50, 5);
+    let first = claimed(s.one(claim(1, 1_000)));
+    assert_eq!(first.job_id, "skewed");
+    assert_eq!(claimed(s.one(claim(1, 1_000))).job_id, "backoff");
+
+    // Written by a clock 500 ms ahead of the claimer's with a 5 s delay: it waits for its ready
+    // time (the writer's 1,500 + 5,000), no longer, and no less.
+    s.enqueue_at("delayed", 1_500, 5_000, 5);
+    match s.one(claim(1, 1_000)) {
+        Ok(Outcome::Empty(e)) => assert_eq!(e.wake_at_ms, 6_500),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(claimed(s.one(claim(1, 6_500))).job_id, "delayed");
+}
+
 #[test]
 fn a_foreign_record_under_the_queue_is_a_refusal_not_a_stop() {
     let mut s = State::new();
@@ -271,7 +303,7 @@ fn claims_scan_from_the_floor_and_a_job_put_below_it_is_still_found() {
         ..Default::default()
     };
     let mut b = s.store.begin_apply();
-    assert!(b.txn(&txns::enqueue(Q, "hi", &hi, 2_000, None), &s.leases).unwrap().succeeded);
+    assert!(b.txn(&txns::enqueue(Q, "hi", &hi, 0, 2_000, None), &s.leases).unwrap().succeeded);
     b.commit(false).unwrap();
     let floor_now = s.store.begin_apply().scan_floor(&prefix).unwrap();
     assert_eq!(floor_now, keys::pending_key(Q, 7, 2_000, "hi"));

@@ -61,6 +61,19 @@
 //! it never breaks "at most one live claim per job" or fencing, which rest only on Txn compares
 //! evaluated in apply.
 //!
+//! How far a ready time may shift is bounded ([`waiting`]): every index entry records the delay
+//! its writer asked for, and an entry whose ready time lies further ahead of the reader's clock
+//! than that delay plus [`CLOCK_TOLERANCE_MS`] was stamped by a clock running ahead of the
+//! reader's, so it counts as ready. Without that bound, a job enqueued with no delay through a
+//! member whose wall clock had jumped an hour ahead (an NTP step, a VM resumed with a stale
+//! clock) stayed invisible for that hour (found by the harness's `clock` nemesis, which bumps
+//! one member's wall clock by up to an hour). So a skewed clock can make a job ready early (by
+//! at most its own delay), but never hold it back more than [`CLOCK_TOLERANCE_MS`] past its
+//! delay, or past the remaining delay of a correctly delayed job ahead of it in its priority
+//! band (a claim stops scanning a band at its first waiting entry). Visibility deadlines are
+//! not bounded this way: a deadline stamped far ahead only delays the takeover of a claim whose
+//! worker is stuck yet keeps its lease alive; every other claim ends with its worker's lease.
+//!
 //! # Waiting
 //!
 //! A Claim subscribes to this member's applied-revision feed (the watch hub's source) before it
@@ -169,6 +182,18 @@ fn stale_text(queue: &str, job: &str, token: i64, current: Option<i64>, exists: 
     format!("picket: fencing token {token} of job {job} in queue {queue:?} is stale: {why}")
 }
 
+/// How far ahead of its delay a ready time may lie, on the reading member's clock, before it
+/// counts as stamped by a clock running ahead (see "Clocks"). Members kept by NTP agree to
+/// milliseconds; one second leaves delays exact for them and bounds what a skewed member adds.
+pub const CLOCK_TOLERANCE_MS: u64 = 1_000;
+
+/// Whether an index entry ready at `ready_at_ms`, written with delay `delay_ms` (`None`: an
+/// entry from before delays were recorded), is still waiting at `now_ms`.
+pub fn waiting(ready_at_ms: u64, delay_ms: Option<u64>, now_ms: u64) -> bool {
+    ready_at_ms > now_ms
+        && delay_ms.is_none_or(|d| ready_at_ms - now_ms <= d.saturating_add(CLOCK_TOLERANCE_MS))
+}
+
 /// The backoff before retry number `attempt + 1`: `base * 2^(attempt-1)`, capped at
 /// [`MAX_BACKOFF_MS`].
 pub fn backoff_ms(base: u64, attempt: u32) -> u64 {
@@ -180,6 +205,23 @@ pub fn backoff_ms(base: u64, attempt: u32) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A ready time within its delay (plus the tolerance) of the reader's clock waits; one
+    /// further ahead was stamped by a clock running ahead and is ready; an entry without a
+    /// recorded delay waits for its ready time, as before delays were recorded.
+    #[test]
+    fn a_ready_time_waits_at_most_its_delay_and_the_tolerance() {
+        let hour = 3_600_000;
+        assert!(waiting(10_000, Some(5_000), 6_000), "a real delay waits");
+        assert!(!waiting(10_000, Some(5_000), 10_000), "and ends at its ready time");
+        assert!(waiting(10_000, Some(5_000), 4_000), "a writer ahead by the tolerance");
+        assert!(!waiting(10_000, Some(5_000), 3_999), "a writer ahead by more");
+        assert!(!waiting(hour + 1_000, Some(0), 1_000), "no delay, stamped an hour ahead");
+        assert!(!waiting(hour + 1_050, Some(50), 1_000), "a backoff stamped an hour ahead");
+        assert!(waiting(hour, None, 1_000), "no recorded delay: the ready time rules");
+        assert!(!waiting(5, None, 5));
+        assert!(waiting(u64::MAX, Some(u64::MAX), 0), "no overflow");
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {

@@ -85,7 +85,7 @@ pub async fn enqueue<B: Backend>(
     // Ids are 64 random bits; a collision needs billions of live jobs, so a few tries suffice.
     for _ in 0..4 {
         let id = new_id();
-        let txn = txns::enqueue(queue, &id, &job.record, now_ms + job.delay_ms, dedup);
+        let txn = txns::enqueue(queue, &id, &job.record, now_ms, job.delay_ms, dedup);
         let resp = b.txn(txn).await?;
         if resp.succeeded {
             return Ok(Enqueued { id, revision: rev(&resp), duplicate: false });
@@ -432,7 +432,8 @@ pub async fn nack<B: Backend>(
         return Ok(Nacked { dead_lettered: true, ready_at_ms: 0, revision: rev(&resp) });
     }
     let delay = delay_ms.unwrap_or_else(|| super::backoff_ms(rec.backoff_ms, rec.attempts));
-    let ready_at_ms = now_ms + delay;
+    let ready_at_ms = now_ms.saturating_add(delay);
+    let rec = QueuePendingRecord { delay_ms: Some(delay), ..rec };
     let new_key = keys::pending_key(queue, pk.priority, ready_at_ms, id);
     let resp = b.txn(txns::nack(queue, id, token, &pending_key, &new_key, &rec)).await?;
     if !resp.succeeded {
@@ -488,7 +489,7 @@ fn info(
 ) -> QueueJobInfo {
     let state = match claim {
         Some(_) => QueueJobState::Claimed,
-        None if pk.ready_at_ms > now_ms => QueueJobState::Delayed,
+        None if super::waiting(pk.ready_at_ms, rec.delay_ms, now_ms) => QueueJobState::Delayed,
         None => QueueJobState::Ready,
     };
     QueueJobInfo {

@@ -51,22 +51,26 @@ pub fn get(key: Vec<u8>) -> RequestOp {
     RequestOp { request: Some(Op::RequestRange(RangeRequest { key, ..Default::default() })) }
 }
 
-/// A new job: `job/<id>`, its index entry and, with a dedup id, `dedup/<dedup>`, only if the id
-/// and the dedup id are both new. Failure reads `dedup/<dedup>` (op 0, when given) so the caller
-/// can return the existing job.
+/// A new job: `job/<id>`, its index entry (ready `delay_ms` after `now_ms`, the serving
+/// member's clock) and, with a dedup id, `dedup/<dedup>`, only if the id and the dedup id are
+/// both new. Failure reads `dedup/<dedup>` (op 0, when given) so the caller can return the
+/// existing job.
 pub fn enqueue(
     queue: &str,
     id: &str,
     job: &QueueJobRecord,
-    ready_at_ms: u64,
+    now_ms: u64,
+    delay_ms: u64,
     dedup: Option<&str>,
 ) -> TxnRequest {
+    let ready_at_ms = now_ms.saturating_add(delay_ms);
     let pending = QueuePendingRecord {
         job_id: id.to_string(),
         attempts: 0,
         last_error: String::new(),
         max_attempts: job.max_attempts,
         backoff_ms: job.backoff_ms,
+        delay_ms: Some(delay_ms),
     };
     let mut compare = vec![created_at(keys::job_key(queue, id), 0)];
     let mut success = vec![
@@ -203,7 +207,8 @@ pub fn extend(
     }
 }
 
-/// Moves `dead/<id>` (read at `dead_mod`) back into the queue, attempts reset, ready at once.
+/// Moves `dead/<id>` (read at `dead_mod`) back into the queue, attempts reset, ready at once
+/// (`ready_at_ms`, the serving member's clock).
 pub fn requeue(
     queue: &str,
     id: &str,
@@ -217,6 +222,7 @@ pub fn requeue(
         last_error: String::new(),
         max_attempts: job.max_attempts,
         backoff_ms: job.backoff_ms,
+        delay_ms: Some(0),
     };
     TxnRequest {
         compare: vec![

@@ -51,7 +51,7 @@ fn job() -> QueueJobRecord {
 
 #[test]
 fn enqueue_requires_a_new_id_and_a_new_dedup_id() {
-    let t = enqueue("q", "j1", &job(), 77, Some("d"));
+    let t = enqueue("q", "j1", &job(), 70, 7, Some("d"));
     assert_eq!(
         compares(&t),
         vec![
@@ -74,7 +74,9 @@ fn enqueue_requires_a_new_id_and_a_new_dedup_id() {
         _ => unreachable!(),
     };
     assert_eq!((p.attempts, p.max_attempts, p.job_id.as_str()), (0, 5, "j1"));
-    let t = enqueue("q", "j1", &job(), 77, None);
+    // The entry is ready at 70 + 7 and says it was written with a 7 ms delay.
+    assert_eq!(p.delay_ms, Some(7));
+    let t = enqueue("q", "j1", &job(), 77, 0, None);
     assert_eq!(t.compare.len(), 1);
     assert!(t.failure.is_empty());
 }
