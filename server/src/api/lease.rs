@@ -7,6 +7,7 @@
 
 use openraft::async_runtime::WatchReceiver;
 use std::collections::HashSet;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,11 +23,13 @@ use picket_proto::etcdserverpb::{
 };
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
+use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
 use picket_proto::picket::raft::v1::LeaseExpire;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
+use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::status::lease_status;
@@ -179,7 +182,14 @@ pub async fn time_to_live_local(
     })
 }
 
-/// Keep-alive from any member: relayed when another member is known to lead, local otherwise.
+/// How long [`at_leader`] pauses between passes: long enough for a leader change to show in
+/// this member's view, short next to the request timeout that bounds the whole call.
+const RELAY_RETRY: Duration = Duration::from_millis(50);
+
+/// Answers a lease call that only the leader can answer (a keep-alive, a TimeToLive): relayed
+/// (`relay`, given a client for the leader) when another member is known to lead, answered here
+/// (`local`) otherwise. Both are reads or idempotent, so a failed pass is retried until the
+/// request deadline.
 ///
 /// A member that knows another leader relays at once rather than first trying locally: the
 /// local attempt starts a read-index round only for openraft to refuse it (not the leader),
@@ -187,29 +197,46 @@ pub async fn time_to_live_local(
 /// member whose view is stale either way still gets there: a relay the old leader refuses falls
 /// through to the local attempt, and a local attempt on a member that lost leadership falls
 /// through to the next pass's relay.
-async fn keep_alive(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
+async fn at_leader<T, R, FR, L, FL>(
+    ctx: &Ctx,
+    what: &str,
+    id: i64,
+    mut relay: R,
+    mut local: L,
+) -> Result<T, Status>
+where
+    R: FnMut(RaftServiceClient<Channel>) -> FR,
+    FR: Future<Output = Result<T, Status>>,
+    L: FnMut() -> FL,
+    FL: Future<Output = Result<T, Status>>,
+{
     let deadline = Instant::now() + ctx.proposer.request_timeout();
     loop {
-        // Keep-alives are idempotent, so a failed relay is retried until the request deadline.
-        if let Some(mut peer) = ctx.proposer.leader_client() {
-            match peer.lease_keep_alive(LeaseKeepAliveRequest { id }).await {
-                Ok(r) => {
-                    let mut r = r.into_inner();
-                    r.header = Some(ctx.header(ctx.sm.revision()));
-                    return Ok(r);
-                }
-                Err(s) => tracing::debug!(lease_id = id, error = %s, "keep-alive relay failed"),
+        if let Some(peer) = ctx.proposer.leader_client() {
+            match relay(peer).await {
+                Ok(r) => return Ok(r),
+                Err(s) => tracing::debug!(lease_id = id, error = %s, "{what} relay failed"),
             }
         }
-        match keep_alive_local(ctx, id).await {
+        match local().await {
             Err(s) if s.code() == Code::Unavailable => {}
             other => return other,
         }
         if Instant::now() >= deadline {
             return Err(ProposeError::NoLeader.into_status());
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(RELAY_RETRY).await;
     }
+}
+
+/// Keep-alive from any member ([`at_leader`]); a relayed answer gets this member's header.
+async fn keep_alive(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
+    let relay = |mut peer: RaftServiceClient<Channel>| async move {
+        let mut r = peer.lease_keep_alive(LeaseKeepAliveRequest { id }).await?.into_inner();
+        r.header = Some(ctx.header(ctx.sm.revision()));
+        Ok(r)
+    };
+    at_leader(ctx, "keep-alive", id, relay, || keep_alive_local(ctx, id)).await
 }
 
 /// The leader's answers to relayed lease requests.
@@ -229,36 +256,17 @@ impl crate::raft::service::LeaderLeases for LeaseRelayTarget {
     }
 }
 
-/// TimeToLive from any member: relayed when another member is known to lead, local otherwise
-/// (as [`keep_alive`], for the same reason).
+/// TimeToLive from any member ([`at_leader`]); a relayed answer gets this member's header.
 pub async fn time_to_live_any(
     ctx: &Ctx,
     req: LeaseTimeToLiveRequest,
 ) -> Result<LeaseTimeToLiveResponse, Status> {
-    let deadline = Instant::now() + ctx.proposer.request_timeout();
-    loop {
-        if let Some(mut peer) = ctx.proposer.leader_client() {
-            match peer.lease_time_to_live(req).await {
-                Ok(r) => {
-                    let mut r = r.into_inner();
-                    r.header = Some(ctx.header(ctx.sm.revision()));
-                    return Ok(r);
-                }
-                // A read: safe to retry until the deadline.
-                Err(s) => {
-                    tracing::debug!(lease_id = req.id, error = %s, "time-to-live relay failed")
-                }
-            }
-        }
-        match time_to_live_local(ctx, &req).await {
-            Err(s) if s.code() == Code::Unavailable => {}
-            other => return other,
-        }
-        if Instant::now() >= deadline {
-            return Err(ProposeError::NoLeader.into_status());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let relay = |mut peer: RaftServiceClient<Channel>| async move {
+        let mut r = peer.lease_time_to_live(req).await?.into_inner();
+        r.header = Some(ctx.header(ctx.sm.revision()));
+        Ok(r)
+    };
+    at_leader(ctx, "time-to-live", req.id, relay, || time_to_live_local(ctx, &req)).await
 }
 
 type KeepAliveStream = Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send>>;
