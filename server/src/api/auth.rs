@@ -111,7 +111,18 @@ impl Ctx {
             }
         }
         let user = store::find_user(&state, &claims.user).ok_or_else(invalid)?;
-        token::verify(&state.signing_key, &claims, &user.password, now_unix())?;
+        let now = now_unix();
+        if let Some(ahead) = claims.issued_ahead(now) {
+            // Refused by verify below. Said here because the fix is an operator's: some member's
+            // clock (the one that issued it) runs this far ahead of this one's.
+            tracing::warn!(
+                user = %claims.user,
+                ahead_secs = ahead,
+                "refused an auth token issued {ahead} s ahead of this member's clock; \
+                 check the members' clocks (NTP)"
+            );
+        }
+        token::verify(&state.signing_key, &claims, &user.password, now)?;
         Ok(Judged::User(AuthInfo { user: claims.user, state }))
     }
 
@@ -412,9 +423,16 @@ impl Auth for AuthService {
         if store::find_user(&state, &r.name).is_none_or(|u| u.password != checked_hash) {
             return Err(failed());
         }
-        let expires = now_unix().saturating_add(self.ctx.auth.token_ttl.as_secs().max(1));
-        let token =
-            token::sign(&state.signing_key, &r.name, &checked_hash, state.revision, expires);
+        let issued = now_unix();
+        let expires = issued.saturating_add(self.ctx.auth.token_ttl.as_secs().max(1));
+        let token = token::sign(
+            &state.signing_key,
+            &r.name,
+            &checked_hash,
+            state.revision,
+            issued,
+            expires,
+        );
         Ok(Response::new(AuthenticateResponse { header: self.header(), token }))
     }
 

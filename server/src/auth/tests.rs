@@ -65,7 +65,7 @@ fn an_enabled_store_without_a_signing_key_takes_the_first_one_proposed() {
     mutate(&mut s, Op::Enable(AuthEnable { signing_key: vec![4; 32] })).unwrap();
     assert_eq!((s.signing_key.clone(), s.revision), (vec![3; 32], 8));
     // No token verifies under the empty key of a store that has not got one yet.
-    let token = crate::auth::token::sign(&[], "alice", b"hash", 7, u64::MAX);
+    let token = crate::auth::token::sign(&[], "alice", b"hash", 7, 0, u64::MAX);
     let claims = crate::auth::token::parse(&token).unwrap();
     assert_eq!(
         crate::auth::token::verify(&[], &claims, b"hash", 0),
@@ -200,20 +200,77 @@ fn revoking_takes_effect_and_role_delete_revokes_from_users() {
 #[test]
 fn tokens_verify_and_refuse_forgery_expiry_and_password_change() {
     let key = [1u8; 32];
-    let t = token::sign(&key, "alice", b"h1", 5, 1000);
+    let t = token::sign(&key, "alice", b"h1", 5, 700, 1000);
     let c = token::parse(&t).unwrap();
-    assert_eq!((c.user.as_str(), c.auth_revision, c.expires), ("alice", 5, 1000));
+    assert_eq!(
+        (c.user.as_str(), c.auth_revision, c.issued, c.expires),
+        ("alice", 5, Some(700), 1000)
+    );
     assert!(token::verify(&key, &c, b"h1", 999).is_ok());
     assert_eq!(token::verify(&key, &c, b"h1", 1000), Err(AuthError::InvalidAuthToken));
     assert_eq!(token::verify(&key, &c, b"h2", 999), Err(AuthError::InvalidAuthToken));
     assert_eq!(token::verify(&[2u8; 32], &c, b"h1", 999), Err(AuthError::InvalidAuthToken));
-    // Claiming to be someone else, or a later expiry, breaks the signature.
-    let forged = t.replacen(".1000.", ".99999.", 1);
-    let fc = token::parse(&forged).unwrap();
-    assert_eq!(token::verify(&key, &fc, b"h1", 999), Err(AuthError::InvalidAuthToken));
-    for junk in ["", "v1", "v2.YQ.1.2.AA", "v1.@@.1.2.AA", "v1.YQ.x.2.AA", "v1.YQ.1.2.AA.extra"] {
+    // Claiming to be someone else, a later expiry or a later issue time breaks the signature.
+    for (from, to) in [(".1000.", ".99999."), (".700.", ".900.")] {
+        let forged = t.replacen(from, to, 1);
+        let fc = token::parse(&forged).unwrap();
+        assert_eq!(token::verify(&key, &fc, b"h1", 999), Err(AuthError::InvalidAuthToken), "{to}");
+    }
+    for junk in [
+        "",
+        "v1",
+        "v3.YQ.1.2.3.AA",
+        "v1.@@.1.2.AA",
+        "v1.YQ.x.2.AA",
+        "v1.YQ.1.2.AA.extra",
+        "v2.YQ.1.2.AA",
+        "v2.YQ.1.x.3.AA",
+        "v2.YQ.1.2.3.AA.extra",
+    ] {
         assert_eq!(token::parse(junk), Err(AuthError::InvalidAuthToken), "{junk}");
     }
+}
+
+/// A member whose wall clock ran an hour ahead signed tokens that every other member accepted
+/// for an hour past `--auth-token-ttl` (the expiry came from the issuer's clock alone). Seen
+/// failing with the issue-time check taken out of `verify`: the token issued 3,600 s ahead
+/// verified at the correct clock.
+#[test]
+fn a_token_issued_by_a_clock_far_ahead_is_refused_and_small_skew_is_tolerated() {
+    let key = [1u8; 32];
+    let now = 1_000_000;
+    let ttl = 300;
+    let from_ahead = |ahead: u64| {
+        let t = token::sign(&key, "alice", b"h1", 5, now + ahead, now + ahead + ttl);
+        token::verify(&key, &token::parse(&t).unwrap(), b"h1", now)
+    };
+    assert_eq!(from_ahead(3600), Err(AuthError::InvalidAuthToken));
+    assert_eq!(from_ahead(token::CLOCK_TOLERANCE_SECS + 1), Err(AuthError::InvalidAuthToken));
+    // Within the tolerance (and a token from a clock behind, which only lives shorter) is fine.
+    assert!(from_ahead(token::CLOCK_TOLERANCE_SECS).is_ok());
+    assert!(from_ahead(0).is_ok());
+    let behind = token::sign(&key, "alice", b"h1", 5, now - 200, now - 200 + ttl);
+    assert!(token::verify(&key, &token::parse(&behind).unwrap(), b"h1", now).is_ok());
+    let c = token::parse(&token::sign(&key, "alice", b"h1", 5, now + 3600, now + 3900)).unwrap();
+    assert_eq!(c.issued_ahead(now), Some(3600));
+    assert_eq!(c.issued_ahead(u64::MAX), None, "no overflow");
+}
+
+/// Tokens of builds before the issue time was signed (v1) are still accepted during a rolling
+/// upgrade, with the old rule (expiry only), and a v1 signature cannot be passed off as v2.
+#[test]
+fn tokens_of_earlier_builds_still_verify() {
+    let key = [1u8; 32];
+    let t = token::sign_v1(&key, "alice", b"h1", 5, 1000);
+    let c = token::parse(&t).unwrap();
+    assert_eq!((c.issued, c.expires), (None, 1000));
+    assert!(token::verify(&key, &c, b"h1", 999).is_ok());
+    assert_eq!(token::verify(&key, &c, b"h1", 1000), Err(AuthError::InvalidAuthToken));
+    // The same signature under a v2 header (with any issue time) does not verify.
+    let sig = t.rsplit('.').next().unwrap();
+    let relabeled = format!("v2.YWxpY2U.5.0.1000.{sig}");
+    let rc = token::parse(&relabeled).unwrap();
+    assert_eq!(token::verify(&key, &rc, b"h1", 999), Err(AuthError::InvalidAuthToken));
 }
 
 #[test]
