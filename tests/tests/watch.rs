@@ -292,6 +292,120 @@ async fn replay_from_the_past_continues_live_without_gap_or_duplicate() -> Resul
     Ok(())
 }
 
+/// Sends a create on `stream`, which already carries live watches, and reads on until its created
+/// response, keeping every other response in `log`. Returns the new watch's id and the revision
+/// its created response reports.
+async fn create_amid(
+    stream: &mut WatchStream,
+    log: &mut Vec<WatchResp>,
+    opts: WatchOptions,
+) -> Result<(i64, i64)> {
+    stream.watch("seam/", Some(opts)).await?;
+    let deadline = Instant::now() + WATCH_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let r = watch::next(stream, left).await.context("waiting for a create")?;
+        if r.created {
+            ensure!(!r.canceled, "create refused: {r:?}");
+            return Ok((r.watch_id, r.revision));
+        }
+        log.push(r);
+    }
+}
+
+/// The member's watch hub (`api/watch_hub.rs`) takes a watcher over from its own task once the
+/// watcher has caught up, catches it up from the revisions it still holds when the join arrives
+/// late, and hands it back on anything it cannot deliver at once. Thirty watchers join two
+/// streams while a writer never pauses, half of them from past revisions, and a third of them
+/// are canceled midway: each live one sees every matching write exactly once, in order, from its
+/// start; each canceled one sees a gap-free prefix and nothing after its canceled response.
+/// (Whether a join arrives behind the hub is timing; the catch-up's arithmetic is pinned by
+/// `watch_hub::tests`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchers_joining_the_live_fan_out_under_writes_see_every_event_once() -> Result<()> {
+    let (cluster, c) = single(ClusterOptions::default()).await?;
+    let writer = Writer::start(c.clone());
+    writer.progress(40).await?;
+    let mut streams = Vec::new();
+    for _ in 0..2 {
+        let mut wc = c.watch_client();
+        let mut s = wc.watch("unused-first", None).await?;
+        watch::created(&mut s).await?;
+        streams.push(s);
+    }
+    // Per watch: (stream, id, first revision it must see, canceled).
+    let mut watches: Vec<(usize, i64, i64, bool)> = Vec::new();
+    let mut logs: Vec<Vec<WatchResp>> = vec![Vec::new(), Vec::new()];
+    for i in 0..30usize {
+        let k = i % 2;
+        let past = i % 4 >= 2;
+        let opts = WatchOptions::new().with_prefix();
+        let (opts, from) = if past {
+            let from = (writer.last_revision() - 25).max(1);
+            (opts.with_start_revision(from), Some(from))
+        } else {
+            (opts, None)
+        };
+        let (id, at) = create_amid(&mut streams[k], &mut logs[k], opts).await?;
+        watches.push((k, id, from.unwrap_or(at + 1), false));
+        writer.progress(2).await?;
+        if i % 3 == 1 {
+            let victim = watches.len() - 2;
+            let (vk, vid, _, _) = watches[victim];
+            streams[vk].cancel(vid).await?;
+            watches[victim].3 = true;
+        }
+    }
+    writer.progress(40).await?;
+    let writes = writer.finish().await?;
+    let seam: Vec<&Write> = writes.iter().filter(|w| w.key.starts_with("seam/")).collect();
+    let last = seam.last().context("no writes")?.revision;
+    info!(writes = writes.len(), last, "writer stopped");
+
+    for (k, s) in streams.iter_mut().enumerate() {
+        let mine: Vec<(i64, bool)> =
+            watches.iter().filter(|w| w.0 == k).map(|w| (w.1, w.3)).collect();
+        let more = watch::read_until(s, WATCH_TIMEOUT, |r| {
+            mine.iter().all(|&(id, canceled)| {
+                let seen = |r: &[WatchResp]| {
+                    if canceled {
+                        r.iter().any(|x| x.watch_id == id && x.canceled)
+                    } else {
+                        reached(r, id, last)
+                    }
+                };
+                seen(r) || seen(&logs[k])
+            })
+        })
+        .await
+        .with_context(|| format!("stream {k}"))?;
+        logs[k].extend(more);
+    }
+    for &(k, id, from, canceled) in &watches {
+        let log = &logs[k];
+        let want: Vec<Ev> = seam
+            .iter()
+            .filter(|w| w.revision >= from)
+            .map(|w| put_ev(&w.key, &w.value, w.revision, w.revision, 1))
+            .collect();
+        let got = events_of(log, id);
+        if canceled {
+            let at = log.iter().position(|r| r.watch_id == id && r.canceled);
+            let at = at.with_context(|| format!("watch {id}: no canceled response"))?;
+            ensure!(
+                !log[at..].iter().any(|r| r.watch_id == id && !r.events.is_empty()),
+                "watch {id}: an event after its canceled response"
+            );
+            assert_eq!(got, want[..got.len()], "watch {id} from {from}: a gap-free prefix");
+        } else {
+            assert_eq!(got.len(), want.len(), "watch {id} from {from}: event count");
+            assert_eq!(got, want, "watch {id} from {from}: every matching write exactly once");
+        }
+    }
+    cluster.finish();
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_revision_zero_future_and_compacted() -> Result<()> {
     let (cluster, mut c) = single(ClusterOptions::default()).await?;

@@ -21,6 +21,7 @@ pub mod subscription;
 pub mod v3election;
 pub mod v3lock;
 pub mod watch;
+mod watch_hub;
 
 use openraft::async_runtime::WatchReceiver;
 use std::sync::Arc;

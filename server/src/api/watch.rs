@@ -1,10 +1,12 @@
 //! `etcdserverpb.Watch`: one bidirectional stream carries many watchers.
 //!
-//! Each watcher is a task that first replays history from the MVCC changelog and then follows
-//! the state machine's live event feed. It subscribes to the feed *before* reading the current
-//! revision, so every revision after the replay is in the feed; revisions it has already sent
-//! are skipped, and a gap (it fell behind and the feed dropped events) sends it back to the
-//! changelog. Hence no event is skipped and none is repeated, across the seam and across lag.
+//! Each watcher is a task that first replays history from the MVCC changelog and then joins the
+//! member's hub (`api::watch_hub`), which follows the state machine's live event feed and hands
+//! every revision to all caught-up watchers in one pass. The hub delivers to a watcher only the
+//! revision it owes next, skips revisions it has already sent, and hands it back to its task on
+//! a gap (the feed dropped events, a snapshot was installed) or a full stream buffer; the task
+//! replays from the changelog and joins again. Hence no event is skipped and none is repeated,
+//! across the seam and across lag, and a slow stream never holds up the others.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -14,20 +16,21 @@ use std::time::Duration;
 use futures::Stream;
 use picket_proto::etcdserverpb::watch_request::RequestUnion;
 use picket_proto::etcdserverpb::watch_server::Watch;
-use picket_proto::etcdserverpb::{RangeRequest, WatchCreateRequest, WatchRequest, WatchResponse};
+use picket_proto::etcdserverpb::{RangeRequest, ResponseHeader, WatchRequest, WatchResponse};
 use picket_proto::mvccpb::Event;
 use prost::Message;
-use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::status::mvcc_status;
+use super::watch_hub::{Hub, Member};
 use super::Ctx;
 use crate::mvcc::MvccError;
-use crate::storage::state_machine::FeedItem;
+use crate::storage::state_machine::RevisionEvents;
 use crate::watch::{fragment, WatchSpec};
 
 /// Revisions read from the changelog per step of a replay (etcd's `watchBatchMaxRevs`), so a
@@ -63,11 +66,15 @@ pub struct WatchService {
     limits: Limits,
     /// One permit per stream that may be open.
     streams: Arc<Semaphore>,
+    /// The member's live fan-out, shared by every stream.
+    hub: Hub,
 }
 
 impl WatchService {
+    /// Starts the member's watch hub task (it needs a Tokio runtime).
     pub fn new(ctx: Arc<Ctx>, limits: Limits) -> Self {
-        Self { ctx, limits, streams: Arc::new(Semaphore::new(limits.streams)) }
+        let hub = Hub::start(ctx.clone());
+        Self { ctx, limits, streams: Arc::new(Semaphore::new(limits.streams)), hub }
     }
 }
 
@@ -96,15 +103,51 @@ impl Tx {
         self.queue.send((item, permit)).await.map_err(|_| ())
     }
 
+    /// Queues all of `items` at once, or none of them, without waiting: `Ok(false)` if the
+    /// stream's buffer has no room for all of them now, `Err` if the stream is gone.
+    fn try_send_all(&self, items: Vec<Item>) -> Result<bool, ()> {
+        let mut held = Vec::with_capacity(items.len());
+        for item in &items {
+            let len = item.as_ref().map_or(0, |r| r.encoded_len());
+            let cost = u32::try_from(len.clamp(1, STREAM_BYTES)).unwrap_or(u32::MAX);
+            match self.bytes.clone().try_acquire_many_owned(cost) {
+                Ok(p) => held.push(p),
+                // Dropping `held` returns what was taken.
+                Err(TryAcquireError::NoPermits) => return Ok(false),
+                Err(TryAcquireError::Closed) => return Err(()),
+            }
+        }
+        let slots = match self.queue.try_reserve_many(items.len()) {
+            Ok(slots) => slots,
+            Err(TrySendError::Full(())) => return Ok(false),
+            Err(TrySendError::Closed(())) => return Err(()),
+        };
+        for ((slot, item), permit) in slots.zip(items).zip(held) {
+            slot.send((item, permit));
+        }
+        Ok(true)
+    }
+
     async fn closed(&self) {
         self.queue.closed().await
     }
 }
 
+/// What a watcher has handed to its stream, under the lock that orders its responses with the
+/// stream's progress answers and its cancellation.
+#[derive(Debug)]
+pub(super) struct Sent {
+    /// Highest revision whose events (if any) this watcher has handed to the stream.
+    through: i64,
+    /// Canceled: nothing more may be sent for it (set before the canceled response is queued).
+    closed: bool,
+}
+
+type SentLock = Arc<tokio::sync::Mutex<Sent>>;
+
 struct Watcher {
     task: JoinHandle<()>,
-    /// Highest revision whose events (if any) this watcher has handed to the stream.
-    sent_through: Arc<tokio::sync::Mutex<i64>>,
+    sent: SentLock,
 }
 
 #[tonic::async_trait]
@@ -128,9 +171,9 @@ impl Watch for WatchService {
         };
         let (queue, rx) = mpsc::channel(STREAM_BUFFER);
         let tx = Tx { queue, bytes: Arc::new(Semaphore::new(STREAM_BYTES)) };
-        let (ctx, limits) = (self.ctx.clone(), self.limits);
+        let (ctx, limits, hub) = (self.ctx.clone(), self.limits, self.hub.clone());
         tokio::spawn(async move {
-            serve_stream(ctx, limits, incoming, tx, meta).await;
+            serve_stream(ctx, hub, limits, incoming, tx, meta).await;
             drop(permit);
         });
         // The permit of an item is dropped as the transport takes it.
@@ -141,6 +184,7 @@ impl Watch for WatchService {
 
 async fn serve_stream(
     ctx: Arc<Ctx>,
+    hub: Hub,
     limits: Limits,
     mut incoming: Streaming<WatchRequest>,
     tx: Tx,
@@ -233,22 +277,31 @@ async fn serve_stream(
                 if tx.send(Ok(created)).await.is_err() {
                     break;
                 }
-                let sent_through = Arc::new(tokio::sync::Mutex::new(start - 1));
-                let task = tokio::spawn(run_watcher(
-                    ctx.clone(),
+                let sent =
+                    Arc::new(tokio::sync::Mutex::new(Sent { through: start - 1, closed: false }));
+                let state = WatcherState {
+                    spec: WatchSpec::from_request(&create),
+                    ctx: ctx.clone(),
                     id,
-                    create,
+                    tx: tx.clone(),
+                    sent: sent.clone(),
+                    fragment_limit: ctx.max_request_bytes,
+                };
+                let task = tokio::spawn(run_watcher(
+                    Arc::new(state),
+                    hub.clone(),
                     start,
                     limits.progress_interval,
-                    tx.clone(),
-                    sent_through.clone(),
                 ));
-                watchers.insert(id, Watcher { task, sent_through });
+                watchers.insert(id, Watcher { task, sent });
                 tracing::debug!(watch_id = id, start_revision = start, "watch created");
             }
             Some(RequestUnion::CancelRequest(cancel)) => {
                 if let Some(w) = watchers.remove(&cancel.watch_id) {
                     w.task.abort();
+                    // Under the watcher's lock, so no response of it (from its task or the hub,
+                    // which may hold it right now) can follow the canceled one.
+                    w.sent.lock().await.closed = true;
                     let resp = WatchResponse {
                         header: Some(ctx.header(ctx.sm.revision())),
                         watch_id: cancel.watch_id,
@@ -268,9 +321,10 @@ async fn serve_stream(
                 let current = ctx.sm.revision();
                 let mut guards = Vec::with_capacity(watchers.len());
                 for w in watchers.values() {
-                    guards.push(w.sent_through.lock().await);
+                    guards.push(w.sent.lock().await);
                 }
-                let through = guards.iter().map(|g| **g).min().unwrap_or(current).min(current);
+                let through =
+                    guards.iter().map(|g| g.through).min().unwrap_or(current).min(current);
                 let resp = WatchResponse {
                     header: Some(ctx.header(through)),
                     watch_id: STREAM_WATCH_ID,
@@ -300,12 +354,12 @@ fn prev_kv(ctx: &Ctx, event: &mut Event, revision: i64) {
     }
 }
 
-struct WatcherState {
+pub(super) struct WatcherState {
     ctx: Arc<Ctx>,
     id: i64,
     spec: WatchSpec,
     tx: Tx,
-    sent_through: Arc<tokio::sync::Mutex<i64>>,
+    sent: SentLock,
     fragment_limit: usize,
 }
 
@@ -336,33 +390,59 @@ impl WatcherState {
         self.send(events, through).await
     }
 
+    /// This watcher's responses carrying `events` (already selected, not empty), fragmented if
+    /// it asked for that.
+    fn responses(&self, events: Vec<Event>, header: &ResponseHeader) -> Vec<Item> {
+        let groups =
+            if self.spec.fragment { fragment(events, self.fragment_limit) } else { vec![events] };
+        let last = groups.len() - 1;
+        let responses = groups.into_iter().enumerate().map(|(i, group)| WatchResponse {
+            header: Some(*header),
+            watch_id: self.id,
+            fragment: i < last,
+            events: group,
+            ..Default::default()
+        });
+        responses.map(Ok).collect()
+    }
+
     /// Queues `events` (already selected) as this watcher's responses for revisions up to
-    /// `through`. Returns false if the stream is gone.
+    /// `through`. Returns false if the stream is gone or the watch canceled.
     async fn send(&self, events: Vec<Event>, through: i64) -> bool {
         // Held while this watcher's events are queued, so a progress answer is ordered with them.
-        let mut sent_through = self.sent_through.lock().await;
+        let mut sent = self.sent.lock().await;
+        if sent.closed {
+            return false;
+        }
         if !events.is_empty() {
-            let groups = if self.spec.fragment {
-                fragment(events, self.fragment_limit)
-            } else {
-                vec![events]
-            };
-            let last = groups.len() - 1;
-            for (i, group) in groups.into_iter().enumerate() {
-                let resp = WatchResponse {
-                    header: Some(self.ctx.header(through)),
-                    watch_id: self.id,
-                    fragment: i < last,
-                    events: group,
-                    ..Default::default()
-                };
-                if self.tx.send(Ok(resp)).await.is_err() {
+            for resp in self.responses(events, &self.ctx.header(through)) {
+                if self.tx.send(resp).await.is_err() {
                     return false;
                 }
             }
         }
-        *sent_through = through;
+        sent.through = through;
         true
+    }
+
+    /// The hub's delivery of one live revision (the one this watcher owes), all or nothing and
+    /// without waiting: `Ok(false)` if it cannot be queued now (the stream's buffer is full, or
+    /// a progress answer holds the lock), `Err` if the stream is gone or the watch canceled.
+    pub(super) fn try_send_revision(
+        &self,
+        rev: &RevisionEvents,
+        header: &ResponseHeader,
+    ) -> Result<bool, ()> {
+        let events = self.select(rev.revision, rev.events.iter());
+        let Ok(mut sent) = self.sent.try_lock() else { return Ok(false) };
+        if sent.closed {
+            return Err(());
+        }
+        if !events.is_empty() && !self.tx.try_send_all(self.responses(events, header))? {
+            return Ok(false);
+        }
+        sent.through = rev.revision;
+        Ok(true)
     }
 
     async fn cancel_compacted(&self, compact_revision: i64) {
@@ -418,31 +498,15 @@ impl WatcherState {
     }
 }
 
-async fn run_watcher(
-    ctx: Arc<Ctx>,
-    id: i64,
-    create: WatchCreateRequest,
-    start: i64,
-    progress_interval: Duration,
-    tx: Tx,
-    sent_through: Arc<tokio::sync::Mutex<i64>>,
-) {
-    let fragment_limit = ctx.max_request_bytes;
-    let state = WatcherState {
-        spec: WatchSpec::from_request(&create),
-        ctx,
-        id,
-        tx,
-        sent_through,
-        fragment_limit,
-    };
-    // Subscribe before the first replay reads the current revision (see the module docs).
-    let mut feed = state.ctx.sm.subscribe();
+async fn run_watcher(state: Arc<WatcherState>, hub: Hub, start: i64, progress_interval: Duration) {
     // Metrics: counted while this task lives (an aborted task drops the guard too).
     let _watcher = state.ctx.metrics.watcher();
     let mut next = start;
     let mut progress = tokio::time::interval(progress_interval);
     progress.reset();
+    // The revision sent through at the last progress tick: a notification goes out only after a
+    // whole interval in which no revision was sent (etcd skips watchers it has just sent to).
+    let mut at_last_tick = start - 1;
     'replay: loop {
         // A watcher replaying history is behind the live feed: a "slow" watcher in etcd's terms.
         let slow = state.ctx.metrics.slow_watcher();
@@ -452,35 +516,33 @@ async fn run_watcher(
             Some(n) => n,
             None => return,
         };
+        // Caught up: the hub delivers from here, until it hands the watcher back.
+        let (back, mut back_rx) = oneshot::channel();
+        if hub.join(Member { state: state.clone(), next, back }).is_err() {
+            // The hub has ended: the state machine's feed is closed (the member is stopping).
+            return;
+        }
         loop {
             tokio::select! {
-                item = feed.recv() => match item {
-                    Ok(FeedItem::Revision(rev)) if rev.revision < next => {}
-                    Ok(FeedItem::Revision(rev)) if rev.revision == next => {
-                        let events = state.select(rev.revision, rev.events.iter());
-                        if !state.send(events, rev.revision).await {
-                            return;
-                        }
-                        next += 1;
-                        progress.reset();
-                    }
-                    // A gap (the feed skipped ahead), a snapshot install (the store jumped
-                    // without events, possibly by exactly one revision, so it must never be
-                    // taken for revision `next`) or lag: catch up from the changelog, then
-                    // resume the feed.
-                    Ok(FeedItem::Revision(_) | FeedItem::SnapshotInstalled { .. }) => {
-                        continue 'replay
-                    }
-                    Err(RecvError::Lagged(missed)) => {
-                        tracing::debug!(watch_id = state.id, next, missed, "watcher fell behind the live feed; catching up from history");
+                resume = &mut back_rx => match resume {
+                    Ok(from) => {
+                        next = from;
                         continue 'replay;
                     }
-                    Err(RecvError::Closed) => return,
+                    // The hub dropped the watcher: its feed closed (the member is stopping).
+                    Err(_) => return,
                 },
                 _ = progress.tick(), if state.spec.progress_notify => {
-                    let through = state.sent_through.lock().await;
+                    let sent = state.sent.lock().await;
+                    if sent.closed {
+                        return;
+                    }
+                    if sent.through != at_last_tick {
+                        at_last_tick = sent.through;
+                        continue;
+                    }
                     let resp = WatchResponse {
-                        header: Some(state.ctx.header(*through)),
+                        header: Some(state.ctx.header(sent.through)),
                         watch_id: state.id,
                         ..Default::default()
                     };

@@ -90,6 +90,7 @@ pub struct Metrics {
     watchers: IntGauge,
     slow_watchers: IntGauge,
     watch_refused: IntCounterVec,
+    watch_handbacks: IntCounterVec,
     read_index_rounds: IntCounterVec,
 }
 
@@ -288,6 +289,19 @@ impl Metrics {
                     &["limit"],
                 )?,
             )?,
+            watch_handbacks: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "watch_hub_handbacks_total",
+                        "Watchers the member's live watch fan-out handed back to catch up from \
+                         history: gap (the feed skipped revisions, a snapshot was installed, or \
+                         the watcher joined behind them), full (its stream's buffer had no room, \
+                         or a progress answer held it).",
+                    ),
+                    &["reason"],
+                )?,
+            )?,
             read_index_rounds: register(
                 r,
                 IntCounterVec::new(
@@ -357,6 +371,11 @@ impl Metrics {
     /// (`"watchers_per_stream"`) refused by a limit.
     pub fn watch_refused(&self, limit: &str) {
         self.watch_refused.with_label_values(&[limit]).inc();
+    }
+
+    /// Counts a watcher the watch hub handed back to its task (`reason`: `gap` or `full`).
+    pub fn watch_handback(&self, reason: &str) {
+        self.watch_handbacks.with_label_values(&[reason]).inc();
     }
 
     /// Counts one watcher catching up from history while the guard lives.
