@@ -91,9 +91,15 @@ struct Tx {
 
 impl Tx {
     /// Queues `item`, waiting while the stream's buffer is full. `Err` if the stream is gone.
-    async fn send(&self, item: Item) -> Result<(), ()> {
+    /// The share of [`STREAM_BYTES`] that `item` holds while queued: its encoded size, at least
+    /// one byte and at most the whole buffer (so an oversized response goes alone).
+    fn cost(item: &Item) -> u32 {
         let len = item.as_ref().map_or(0, |r| r.encoded_len());
-        let cost = u32::try_from(len.clamp(1, STREAM_BYTES)).unwrap_or(u32::MAX);
+        u32::try_from(len.clamp(1, STREAM_BYTES)).unwrap_or(u32::MAX)
+    }
+
+    async fn send(&self, item: Item) -> Result<(), ()> {
+        let cost = Self::cost(&item);
         // Bounded by the client: permits come back as it reads, or all at once when the stream
         // ends (dropping the receiver drops every queued item and its permit).
         let permit = tokio::select! {
@@ -108,9 +114,7 @@ impl Tx {
     fn try_send_all(&self, items: Vec<Item>) -> Result<bool, ()> {
         let mut held = Vec::with_capacity(items.len());
         for item in &items {
-            let len = item.as_ref().map_or(0, |r| r.encoded_len());
-            let cost = u32::try_from(len.clamp(1, STREAM_BYTES)).unwrap_or(u32::MAX);
-            match self.bytes.clone().try_acquire_many_owned(cost) {
+            match self.bytes.clone().try_acquire_many_owned(Self::cost(item)) {
                 Ok(p) => held.push(p),
                 // Dropping `held` returns what was taken.
                 Err(TryAcquireError::NoPermits) => return Ok(false),

@@ -104,14 +104,10 @@ async fn run(ctx: Arc<Ctx>, mut joins: mpsc::UnboundedReceiver<Member>) {
                 }
                 // The store jumped without events, or the hub fell behind and the feed dropped
                 // revisions: every member goes back to the changelog, which has them all.
-                Ok(FeedItem::SnapshotInstalled { .. }) | Err(RecvError::Lagged(_)) => {
-                    if let Err(RecvError::Lagged(missed)) = &item {
-                        tracing::debug!(missed, members = members.len(), "watch hub fell behind the feed; watchers catch up from history");
-                    }
-                    recent.clear();
-                    for m in members.drain(..) {
-                        hand_back(&ctx, m, GAP);
-                    }
+                Ok(FeedItem::SnapshotInstalled { .. }) => hand_back_all(&ctx, &mut members, &mut recent),
+                Err(RecvError::Lagged(missed)) => {
+                    tracing::debug!(missed, members = members.len(), "watch hub fell behind the feed; watchers catch up from history");
+                    hand_back_all(&ctx, &mut members, &mut recent);
                 }
                 // The state machine is gone; dropping the members ends their tasks' waits.
                 Err(RecvError::Closed) => return,
@@ -179,6 +175,14 @@ const FULL: &str = "full";
 fn hand_back(ctx: &Ctx, m: Member, reason: &'static str) {
     ctx.metrics.watch_handback(reason);
     let _ = m.back.send(m.next);
+}
+
+/// Hands every member back and forgets the held revisions (they no longer lead up to the feed).
+fn hand_back_all(ctx: &Ctx, members: &mut Vec<Member>, recent: &mut VecDeque<RevisionEvents>) {
+    recent.clear();
+    for m in members.drain(..) {
+        hand_back(ctx, m, GAP);
+    }
 }
 
 fn deliver_all(ctx: &Ctx, members: &mut Vec<Member>, rev: &RevisionEvents) {
