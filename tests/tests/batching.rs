@@ -94,3 +94,74 @@ async fn concurrent_puts_through_every_member_get_distinct_revisions_and_converg
     cluster.finish();
     Ok(())
 }
+
+/// `picket_server_relay_calls_total{via="..."}` on the member at `endpoint`.
+async fn relay_calls(http: &picket_tests::http::Http, endpoint: &str, via: &str) -> Result<u64> {
+    let reply = http.get(endpoint, "/metrics").await?;
+    ensure!(reply.status == 200, "/metrics on {endpoint}: {reply:?}");
+    let text = reply.body.as_str().context("/metrics is text")?;
+    let name = format!("picket_server_relay_calls_total{{via=\"{via}\"}} ");
+    let line = text.lines().find_map(|l| l.strip_prefix(name.as_str()));
+    line.with_context(|| format!("no {name} on {endpoint}"))?
+        .trim()
+        .parse()
+        .with_context(|| format!("{name} on {endpoint}"))
+}
+
+/// Issue 20: a follower's writes, keep-alives and linearizable reads reach the leader as calls
+/// on one relay stream, not as one RPC each, and each gets its own answer. Concurrent callers
+/// on the follower share the stream (several calls in flight at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_calls_to_the_leader_travel_on_its_relay_stream() -> Result<()> {
+    picket_tests::init_tracing();
+    let cluster = Cluster::start(3, ClusterOptions::default()).await?;
+    let leader = cluster.leader().await?;
+    let follower = (0..3).find(|&i| i != leader).context("a follower")?;
+    let http = picket_tests::http::Http::new();
+    let endpoint = cluster.endpoint(follower);
+    let c = cluster.client(follower).await?;
+    let (stream_before, unary_before) = (
+        relay_calls(&http, &endpoint, "stream").await?,
+        relay_calls(&http, &endpoint, "unary").await?,
+    );
+
+    info!(member = cluster.name(follower), "16 callers: puts, linearizable gets, keep-alives");
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let mut c = c.clone();
+        tasks.push(tokio::spawn(async move {
+            let lease = c.lease_grant(30, None).await?.id();
+            for j in 0..5 {
+                let key = format!("relay/{i:02}/{j}");
+                let opts = etcd_client::PutOptions::new().with_lease(lease);
+                c.put(key.clone(), format!("v{i}.{j}"), Some(opts)).await?;
+                let got = c.get(key.clone(), None).await?;
+                let value = got.kvs().first().map(|kv| kv.value().to_vec());
+                ensure!(value == Some(format!("v{i}.{j}").into_bytes()), "{key}: {value:?}");
+                let (mut keeper, mut answers) = c.lease_keep_alive(lease).await?;
+                keeper.keep_alive().await?;
+                let answer = tokio::time::timeout(Duration::from_secs(10), answers.message())
+                    .await
+                    .context("keep-alive answer")??
+                    .context("keep-alive stream ended")?;
+                ensure!(
+                    answer.id() == lease && answer.ttl() > 0,
+                    "keep-alive of {lease}: {answer:?}"
+                );
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let stream = relay_calls(&http, &endpoint, "stream").await? - stream_before;
+    let unary = relay_calls(&http, &endpoint, "unary").await? - unary_before;
+    info!(stream, unary, "the follower's calls to the leader");
+    // 16 grants and 80 puts (grouped: at least one call per group), 80 reads (rounds shared by
+    // concurrent reads) and 160 keep-alives (one call each).
+    ensure!(stream >= 160, "only {stream} calls on the relay stream");
+    ensure!(unary == 0, "{unary} calls went as unary RPCs to a leader that has the stream");
+    cluster.finish();
+    Ok(())
+}

@@ -67,6 +67,8 @@ async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
     state.metrics.observe_in_flight(state.ctx.proposer.oldest_in_flight());
     let (local, leader) = state.ctx.proposer.read_index_rounds();
     state.metrics.observe_read_index_rounds(local, leader);
+    let (stream, unary) = state.ctx.proposer.relay_calls();
+    state.metrics.observe_relay_calls(stream, unary);
     match state.metrics.render() {
         Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text)
             .into_response(),

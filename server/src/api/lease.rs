@@ -23,13 +23,11 @@ use picket_proto::etcdserverpb::{
 };
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
-use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
 use picket_proto::picket::raft::v1::LeaseExpire;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
-use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::status::lease_status;
@@ -37,6 +35,7 @@ use super::{unexpected, Ctx};
 use crate::auth::replicated::Judgement;
 use crate::lease::{LeaseClock, LeaseError, MAX_TTL_SECONDS};
 use crate::raft::proposer::ProposeError;
+use crate::raft::relay::LeaderRelay;
 
 /// How often the leader looks for expired leases. A lease can outlive its deadline by up to one
 /// tick plus one Raft commit; a shorter tick costs a scan of the lease table each time.
@@ -205,14 +204,14 @@ async fn at_leader<T, R, FR, L, FL>(
     mut local: L,
 ) -> Result<T, Status>
 where
-    R: FnMut(RaftServiceClient<Channel>) -> FR,
+    R: FnMut(LeaderRelay) -> FR,
     FR: Future<Output = Result<T, Status>>,
     L: FnMut() -> FL,
     FL: Future<Output = Result<T, Status>>,
 {
     let deadline = Instant::now() + ctx.proposer.request_timeout();
     loop {
-        if let Some(peer) = ctx.proposer.leader_client() {
+        if let Some(peer) = ctx.proposer.leader_relay() {
             match relay(peer).await {
                 Ok(r) => return Ok(r),
                 Err(s) => tracing::debug!(lease_id = id, error = %s, "{what} relay failed"),
@@ -231,8 +230,8 @@ where
 
 /// Keep-alive from any member ([`at_leader`]); a relayed answer gets this member's header.
 async fn keep_alive(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
-    let relay = |mut peer: RaftServiceClient<Channel>| async move {
-        let mut r = peer.lease_keep_alive(LeaseKeepAliveRequest { id }).await?.into_inner();
+    let relay = |leader: LeaderRelay| async move {
+        let mut r = leader.lease_keep_alive(id).await?;
         r.header = Some(ctx.header(ctx.sm.revision()));
         Ok(r)
     };
@@ -261,8 +260,9 @@ pub async fn time_to_live_any(
     ctx: &Ctx,
     req: LeaseTimeToLiveRequest,
 ) -> Result<LeaseTimeToLiveResponse, Status> {
-    let relay = |mut peer: RaftServiceClient<Channel>| async move {
-        let mut r = peer.lease_time_to_live(req).await?.into_inner();
+    let relay = |leader: LeaderRelay| async move {
+        let mut client = leader.client;
+        let mut r = client.lease_time_to_live(req).await?.into_inner();
         r.header = Some(ctx.header(ctx.sm.revision()));
         Ok(r)
     };

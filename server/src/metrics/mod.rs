@@ -92,6 +92,7 @@ pub struct Metrics {
     watch_refused: IntCounterVec,
     watch_handbacks: IntCounterVec,
     read_index_rounds: IntCounterVec,
+    relay_calls: IntCounterVec,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(
@@ -315,6 +316,16 @@ impl Metrics {
                     &["via"],
                 )?,
             )?,
+            relay_calls: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "server_relay_calls_total",
+                        "A follower's calls to the leader (forwarded write groups, read indexes,                          keep-alives): via=\"stream\" on its one relay stream, via=\"unary\" as                          one RPC each (a leader without the stream).",
+                    ),
+                    &["via"],
+                )?,
+            )?,
             registry,
         };
         Ok(metrics)
@@ -393,6 +404,14 @@ impl Metrics {
     pub fn observe_read_index_rounds(&self, local: u64, leader: u64) {
         for (via, now) in [("local", local), ("leader", leader)] {
             let c = self.read_index_rounds.with_label_values(&[via]);
+            c.inc_by(now.saturating_sub(c.get()));
+        }
+    }
+
+    /// Brings the relay call counters up to the proposer's counts, at scrape time.
+    pub fn observe_relay_calls(&self, stream: u64, unary: u64) {
+        for (via, now) in [("stream", stream), ("unary", unary)] {
+            let c = self.relay_calls.with_label_values(&[via]);
             c.inc_by(now.saturating_sub(c.get()));
         }
     }
@@ -484,6 +503,7 @@ mod tests {
         let slow = m.slow_watcher();
         m.observe_read_index_rounds(3, 0);
         m.observe_read_index_rounds(5, 2);
+        m.observe_relay_calls(4, 1);
         let text = m.render().expect("render");
         assert!(text.contains("picket_server_quota_backend_bytes 1048576"), "{text}");
         assert!(text.contains("picket_server_max_request_bytes 1572864"), "{text}");
@@ -494,6 +514,8 @@ mod tests {
         assert!(text.contains("picket_debugging_mvcc_slow_watcher_total 1"), "{text}");
         assert!(text.contains("picket_server_read_index_rounds_total{via=\"local\"} 5"), "{text}");
         assert!(text.contains("picket_server_read_index_rounds_total{via=\"leader\"} 2"), "{text}");
+        assert!(text.contains("picket_server_relay_calls_total{via=\"stream\"} 4"), "{text}");
+        assert!(text.contains("picket_server_relay_calls_total{via=\"unary\"} 1"), "{text}");
         drop((w, slow));
         let text = m.render().expect("render");
         assert!(text.contains("picket_debugging_mvcc_watcher_total 0"), "{text}");

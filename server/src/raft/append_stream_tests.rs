@@ -14,7 +14,7 @@ use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
 use picket_proto::picket::raft::v1::raft_service_server::{RaftService, RaftServiceServer};
 use picket_proto::picket::raft::v1::{
     CommandResult, ForwardBatchRequest, ForwardBatchResponse, ForwardRequest, RaftCommand,
-    RaftFrame, RaftPayload, ReadIndexRequest, ReadIndexResponse,
+    RaftFrame, RaftPayload, ReadIndexRequest, ReadIndexResponse, RelayRequest, RelayResponse,
 };
 use prost::Message;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -51,6 +51,7 @@ struct Fake {
 }
 
 type Frames = Pin<Box<dyn Stream<Item = Result<RaftFrame, Status>> + Send + 'static>>;
+type Relayed = Pin<Box<dyn Stream<Item = Result<RelayResponse, Status>> + Send + 'static>>;
 
 fn nope<T>() -> Result<Response<T>, Status> {
     Err(Status::unimplemented("fake"))
@@ -140,6 +141,13 @@ impl RaftService for Fake {
         &self,
         _: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
+        nope()
+    }
+    type RelayStream = Relayed;
+    async fn relay(
+        &self,
+        _: Request<Streaming<RelayRequest>>,
+    ) -> Result<Response<Relayed>, Status> {
         nope()
     }
 }
@@ -237,7 +245,8 @@ async fn a_peer_without_the_stream_gets_unary_calls_for_good() {
 async fn a_forward_reply_over_4_mib_reaches_every_caller() {
     let p = peer(Mode::BigForward).await;
     let cmds = vec![RaftCommand::default(); 2];
-    let outcomes = super::forward::forward_group(p.client, cmds, &Default::default()).await;
+    let leader = super::relay::LeaderRelay::unary(p.client, Duration::from_secs(5));
+    let outcomes = super::forward::forward_group(&leader, cmds, &Default::default()).await;
     assert_eq!(outcomes.len(), 2);
     for (i, o) in outcomes.into_iter().enumerate() {
         let r = o.unwrap_or_else(|e| panic!("command {i}: {e}")).result;

@@ -31,6 +31,7 @@ use tonic::{Code, Status};
 
 use super::batcher::{Applied, BatchSink};
 use super::proposer::{never_sent, ProposeError, Proposer, NOT_LEADER};
+use super::relay::{Failure, LeaderRelay};
 use super::types::Command;
 
 /// Groups in flight from one follower at once. Two, so that while one group is at the leader
@@ -41,8 +42,9 @@ pub const MAX_IN_FLIGHT: usize = 2;
 
 /// How a forwarding member reaches the leader; the proposer implements it.
 pub trait LeaderLink: Send + Sync + 'static {
-    /// A client for the current leader, or `None` when no other member is known to lead.
-    fn leader(&self) -> Option<RaftServiceClient<Channel>>;
+    /// The current leader's relay (`super::relay`), or `None` when no other member is known to
+    /// lead.
+    fn leader(&self) -> Option<LeaderRelay>;
     /// The bound on one group's round trip: the request timeout.
     fn timeout(&self) -> Duration;
 }
@@ -77,15 +79,15 @@ impl<L: LeaderLink> BatchSink for Forwarder<L> {
             let Some(link) = link else { return vec![Err(ProposeError::Stopped); n] };
             // No leader known (or this member just became it): nothing was sent, so every
             // caller may retry, and will find the leader (or propose locally) next time.
-            let Some(client) = link.leader() else {
+            let Some(leader) = link.leader() else {
                 return vec![Err(ProposeError::NotLeader(None)); n];
             };
             let legacy = legacy_until.lock().is_some_and(|t| Instant::now() < t);
             let group = async {
                 if legacy {
-                    forward_one_by_one(client, cmds).await
+                    forward_one_by_one(leader.client, cmds).await
                 } else {
-                    forward_group(client, cmds, &legacy_until).await
+                    forward_group(&leader, cmds, &legacy_until).await
                 }
             };
             // Bounded so a stalled connection cannot hold an in-flight slot (and every command
@@ -101,14 +103,14 @@ impl<L: LeaderLink> BatchSink for Forwarder<L> {
 }
 
 pub(super) async fn forward_group(
-    mut client: RaftServiceClient<Channel>,
+    leader: &LeaderRelay,
     cmds: Vec<RaftCommand>,
     legacy_until: &Mutex<Option<Instant>>,
 ) -> Vec<Result<Applied, ProposeError>> {
     let n = cmds.len();
-    match client.forward_batch(ForwardBatchRequest { commands: cmds }).await {
+    match leader.forward_batch(ForwardBatchRequest { commands: cmds }).await {
         Ok(resp) => {
-            let outcomes = resp.into_inner().outcomes;
+            let outcomes = resp.outcomes;
             if outcomes.len() != n {
                 // The commands reached the leader, so their outcome is unknown: never retried.
                 tracing::error!(commands = n, outcomes = outcomes.len(), "malformed forward reply");
@@ -119,12 +121,16 @@ pub(super) async fn forward_group(
         // A leader from before ForwardBatch (a rolling upgrade) refused the RPC without looking
         // at the commands: nothing was appended, so the callers retry (they keep their
         // commands), and meanwhile this follower forwards one command per RPC.
-        Err(s) if s.code() == Code::Unimplemented => {
+        Err(Failure::Status(s)) if s.code() == Code::Unimplemented => {
             tracing::info!("leader lacks ForwardBatch; forwarding one command per RPC for a while");
             *legacy_until.lock() = Some(Instant::now() + LEGACY_FORWARD_FOR);
             vec![Err(ProposeError::NotLeader(None)); n]
         }
-        Err(s) => vec![Err(rpc_failure(s)); n],
+        // Nothing reached the leader: a leader without the relay stream (the next attempt uses
+        // the unary call), or a stream that was already over (the next attempt opens a new
+        // one). The callers retry, keeping their commands.
+        Err(Failure::Unsupported | Failure::NotSent) => vec![Err(ProposeError::NotLeader(None)); n],
+        Err(Failure::Status(s)) => vec![Err(rpc_failure(s)); n],
     }
 }
 

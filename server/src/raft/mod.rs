@@ -14,6 +14,10 @@ pub mod membership;
 pub mod network;
 pub mod proposer;
 pub mod read_index;
+pub mod relay;
+pub mod relay_serve;
+#[cfg(test)]
+mod relay_tests;
 pub mod service;
 pub mod snapshot_data;
 pub mod snapshot_transfer;

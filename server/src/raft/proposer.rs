@@ -24,7 +24,7 @@ use openraft::error::{ClientWriteError, LinearizableReadError, RaftError};
 use parking_lot::Mutex;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
-use picket_proto::picket::raft::v1::{CommandResult, ReadIndexRequest};
+use picket_proto::picket::raft::v1::CommandResult;
 use thiserror::Error;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -34,6 +34,7 @@ use super::batcher::{Applied, EntrySink, Limits, ProposalBatcher};
 use super::forward::{Forwarder, LeaderLink};
 use super::network::{peer_channel, peer_client};
 use super::read_index::{ReadIndexBatcher, ReadIndexSource};
+use super::relay::{LeaderRelay, RelaySlot};
 use super::types::{Command, NodeId, Raft};
 use crate::tls::PeerDialer;
 
@@ -98,6 +99,8 @@ struct Inner {
     /// How peers are dialed (plain or TLS, `crate::tls`); also used by `raft::membership`.
     dialer: PeerDialer,
     peers: Mutex<HashMap<String, RaftServiceClient<Channel>>>,
+    /// The relay stream to the current leader (`super::relay`), used while another member leads.
+    relays: Arc<RelaySlot>,
     /// While set and in the future, this member acts as if it were not the leader: a leader
     /// transfer (`raft::transfer`) stops all leader traffic so the followers' leader leases run
     /// out and the chosen member can win an election.
@@ -124,6 +127,7 @@ impl Proposer {
             request_timeout,
             dialer,
             peers: Mutex::new(HashMap::new()),
+            relays: Arc::default(),
             paused_until: Mutex::new(None),
             local_reads: ReadIndexBatcher::new(LocalReads(me.clone())),
             leader_reads: ReadIndexBatcher::new(LeaderReads(me.clone())),
@@ -307,33 +311,25 @@ impl Proposer {
         self.inner.writes.oldest_in_flight()
     }
 
+    /// A follower's calls to the leader so far: (on the relay stream, as unary RPCs).
+    pub fn relay_calls(&self) -> (u64, u64) {
+        self.inner.relays.calls()
+    }
+
     /// Read-index rounds started so far: on this member's own core, and by asking the leader.
     pub fn read_index_rounds(&self) -> (u64, u64) {
         (self.inner.local_reads.rounds(), self.inner.leader_reads.rounds())
     }
 
-    /// A client for the current leader, if one is known and it is not this member.
-    pub fn leader_client(&self) -> Option<RaftServiceClient<Channel>> {
-        let leader = self.inner.raft.metrics().borrow_watched().current_leader?;
-        if leader == self.inner.node_id {
-            return None;
-        }
-        self.peer_client(leader)
-    }
-
-    /// The peer URL of `node_id` according to the current membership, with a cached client.
-    fn peer_client(&self, node_id: NodeId) -> Option<RaftServiceClient<Channel>> {
-        self.inner.peer_client(node_id)
+    /// The current leader's relay (`super::relay`), if one is known and it is not this member.
+    pub fn leader_relay(&self) -> Option<LeaderRelay> {
+        self.inner.leader_relay()
     }
 }
 
 impl LeaderLink for Inner {
-    fn leader(&self) -> Option<RaftServiceClient<Channel>> {
-        let leader = self.raft.metrics().borrow_watched().current_leader?;
-        if leader == self.node_id {
-            return None;
-        }
-        self.peer_client(leader)
+    fn leader(&self) -> Option<LeaderRelay> {
+        self.leader_relay()
     }
 
     fn timeout(&self) -> Duration {
@@ -353,7 +349,18 @@ impl Inner {
         (leader != Some(self.node_id)).then_some(leader)
     }
 
-    fn peer_client(&self, node_id: NodeId) -> Option<RaftServiceClient<Channel>> {
+    /// The current leader's relay, when another member leads.
+    fn leader_relay(&self) -> Option<LeaderRelay> {
+        let leader = self.raft.metrics().borrow_watched().current_leader?;
+        if leader == self.node_id {
+            return None;
+        }
+        let (url, client) = self.peer_url_client(leader)?;
+        Some(self.relays.get(&url, client, self.request_timeout))
+    }
+
+    /// The peer URL of `node_id` according to the current membership, with a cached client.
+    fn peer_url_client(&self, node_id: NodeId) -> Option<(String, RaftServiceClient<Channel>)> {
         let url = {
             let metrics = self.raft.metrics();
             let m = metrics.borrow_watched();
@@ -361,11 +368,11 @@ impl Inner {
         };
         let mut peers = self.peers.lock();
         if let Some(c) = peers.get(&url) {
-            return Some(c.clone());
+            return Some((url, c.clone()));
         }
         let client = peer_client(peer_channel(&url, &self.dialer).ok()?);
-        peers.insert(url, client.clone());
-        Some(client)
+        peers.insert(url.clone(), client.clone());
+        Some((url, client))
     }
 }
 
@@ -525,20 +532,15 @@ impl ReadIndexSource for LeaderReads {
         let inner = self.0.upgrade();
         async move {
             let inner = inner.ok_or(ProposeError::Stopped)?;
-            let leader = inner.raft.metrics().borrow_watched().current_leader;
-            let Some(leader) = leader.filter(|l| *l != inner.node_id) else {
-                return Err(ProposeError::NoLeader);
-            };
-            let mut client = inner.peer_client(leader).ok_or(ProposeError::NoLeader)?;
-            match tokio::time::timeout(ROUND_TIMEOUT, client.read_index(ReadIndexRequest {})).await
-            {
+            let leader = inner.leader_relay().ok_or(ProposeError::NoLeader)?;
+            match tokio::time::timeout(ROUND_TIMEOUT, leader.read_index()).await {
                 Err(_) => Err(ProposeError::Timeout),
-                Ok(Ok(resp)) => Ok(resp.into_inner().read_index),
+                Ok(Ok(resp)) => Ok(resp.read_index),
                 Ok(Err(s)) if s.message().starts_with(NOT_LEADER) => {
                     Err(ProposeError::NotLeader(None))
                 }
                 Ok(Err(s)) => {
-                    tracing::debug!(node_id = leader, error = %s, "read index rpc failed");
+                    tracing::debug!(error = %s, "read index from the leader failed");
                     Err(ProposeError::Remote(s))
                 }
             }

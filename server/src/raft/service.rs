@@ -13,7 +13,7 @@ use picket_proto::etcdserverpb::{
 use picket_proto::picket::raft::v1::raft_service_server::RaftService;
 use picket_proto::picket::raft::v1::{
     CommandResult, ForwardBatchRequest, ForwardBatchResponse, ForwardRequest, RaftFrame,
-    RaftPayload, ReadIndexRequest, ReadIndexResponse,
+    RaftPayload, ReadIndexRequest, ReadIndexResponse, RelayRequest,
 };
 use tonic::{Request, Response, Status, Streaming};
 
@@ -212,5 +212,23 @@ impl RaftService for PeerService {
         req: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         self.leases.time_to_live(req.into_inner()).await.map(Response::new)
+    }
+
+    type RelayStream = super::relay_serve::Answers;
+
+    /// A follower's forwarded groups, read indexes and keep-alives on one stream
+    /// (`relay_serve`): each call as its unary RPC above, answered as it finishes.
+    #[tracing::instrument(level = "debug", skip_all)]
+    async fn relay(
+        &self,
+        req: Request<Streaming<RelayRequest>>,
+    ) -> Result<Response<Self::RelayStream>, Status> {
+        let answers = super::relay_serve::serve(
+            req.into_inner(),
+            self.stop.clone(),
+            self.proposer.clone(),
+            self.leases.clone(),
+        );
+        Ok(Response::new(answers))
     }
 }
