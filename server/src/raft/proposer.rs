@@ -35,7 +35,7 @@ use super::forward::{Forwarder, LeaderLink};
 use super::network::{peer_channel, peer_client};
 use super::read_index::{ReadIndexBatcher, ReadIndexSource};
 use super::relay::{LeaderRelay, RelaySlot};
-use super::types::{Command, NodeId, Raft};
+use super::types::{Command, NodeId, Raft, TypeConfig};
 use crate::tls::PeerDialer;
 
 /// Marker at the start of the status message a member returns when it refused a forwarded
@@ -407,44 +407,47 @@ impl EntrySink for LocalWrites {
             }
             match inner.raft.client_write(cmd).await {
                 Ok(resp) => Ok(Applied { result: resp.data.0, log_index: resp.log_id.index }),
-                // The metrics said this member leads, so the core most likely appended the
-                // entry and answers ForwardToLeader because a new leader truncated it here.
-                // That does not mean it will never commit: with five or more voters another
-                // member that holds it can still win an election and commit it (issue 19,
-                // finding 5). So this is "outcome unknown", never a retryable refusal. (If the
-                // core stepped down just before appending, reporting unknown is merely
-                // conservative.)
-                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                    tracing::warn!(
-                        leader = ?f.leader_id,
-                        "leadership lost with the entry in flight; outcome unknown"
-                    );
-                    Err(ProposeError::Timeout)
-                }
-                // openraft 0.10 says so explicitly: the entry was appended here and then
-                // truncated by a new leader. Unknown for the same reason as above.
-                Err(RaftError::APIError(ClientWriteError::LogEntryDiscarded(f))) => {
-                    tracing::warn!(
-                        leader = ?f.leader_id,
-                        "entry discarded by a new leader; outcome unknown"
-                    );
-                    Err(ProposeError::Timeout)
-                }
-                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(e))) => {
-                    Err(ProposeError::Remote(Status::internal(e.to_string())))
-                }
-                // Picket proposes without preconditions; should one ever be refused, nothing
-                // was appended.
-                Err(RaftError::APIError(ClientWriteError::PreconditionFailed(e))) => {
-                    Err(ProposeError::Remote(Status::internal(e.to_string())))
-                }
-                Err(RaftError::Fatal(e)) => {
-                    tracing::error!(error = %e, "raft stopped");
-                    Err(ProposeError::Stopped)
-                }
+                Err(e) => Err(write_error(e)),
             }
         }
         .boxed()
+    }
+}
+
+/// What a failed `client_write` means for every caller of its entry.
+fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ProposeError {
+    match e {
+        // openraft 0.10 answers ForwardToLeader only for a write its core refused before
+        // appending it ("rejected before its entry was appended", `ClientWriteError`;
+        // `RaftCore::write_entries` checks leadership and the leader lease first): not this
+        // member's leadership any more, a transfer under way, or its leader lease expired
+        // (partitioned). Nothing was appended, so every caller may retry safely, which they do
+        // until their deadline (on the new leader once one is known). Under 0.9 this error also
+        // came for an entry a new leader had truncated, which could still commit (issue 19,
+        // finding 5); 0.10 reports that case as LogEntryDiscarded, below.
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            tracing::debug!(leader = ?f.leader_id, reason = ?f.reason, "write refused before its append");
+            ProposeError::NotLeader(f.leader_id)
+        }
+        // The entry was appended here and then dropped for another leader's log: another
+        // member that holds it may still commit it, so its outcome is unknown, never a
+        // retryable refusal.
+        RaftError::APIError(ClientWriteError::LogEntryDiscarded(f)) => {
+            tracing::warn!(leader = ?f.leader_id, "entry discarded by a new leader; outcome unknown");
+            ProposeError::Timeout
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            ProposeError::Remote(Status::internal(e.to_string()))
+        }
+        // Picket proposes without preconditions; should one ever be refused, nothing was
+        // appended.
+        RaftError::APIError(ClientWriteError::PreconditionFailed(e)) => {
+            ProposeError::Remote(Status::internal(e.to_string()))
+        }
+        RaftError::Fatal(e) => {
+            tracing::error!(error = %e, "raft stopped");
+            ProposeError::Stopped
+        }
     }
 }
 
@@ -570,4 +573,31 @@ pub(super) fn never_sent(s: &Status) -> bool {
         source = e.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::errors::{ForwardReason, ForwardToLeader};
+
+    use super::*;
+
+    /// openraft 0.10 answers a write with `ForwardToLeader` only when its core refused it before
+    /// appending (`ClientWriteError`'s contract; `RaftCore::write_entries` checks leadership and
+    /// the leader lease first), and with `LogEntryDiscarded` when an appended entry was dropped
+    /// for another leader's log. The first is safe to retry; the second may still commit.
+    #[test]
+    fn a_write_refused_before_its_append_is_retryable_and_a_discarded_one_is_unknown() {
+        let refused =
+            ForwardToLeader::<TypeConfig>::empty().with_reason(ForwardReason::LeaseExpired);
+        let e = RaftError::APIError(ClientWriteError::ForwardToLeader(refused));
+        assert!(matches!(write_error(e), ProposeError::NotLeader(None)));
+
+        let mut elsewhere = ForwardToLeader::<TypeConfig>::empty();
+        elsewhere.leader_id = Some(3);
+        let e = RaftError::APIError(ClientWriteError::ForwardToLeader(elsewhere.clone()));
+        assert!(matches!(write_error(e), ProposeError::NotLeader(Some(3))));
+
+        let e = RaftError::APIError(ClientWriteError::LogEntryDiscarded(elsewhere));
+        assert!(matches!(write_error(e), ProposeError::Timeout));
+    }
 }
