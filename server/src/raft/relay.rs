@@ -4,7 +4,7 @@
 //! keep-alives and linearizable reads costs the follower a call to the leader: a forwarded
 //! group of proposals, a relayed keep-alive, a read index. As unary gRPC calls each opened and
 //! closed an HTTP/2 stream on both members (headers, trailers, a task per call on the leader),
-//! which made a client on a follower cost the cluster 25-60 % more CPU per operation than one
+//! which made a client on a follower cost the cluster 20-60 % more CPU per operation than one
 //! on the leader (docs/benchmarks.md, "Issue 20, session 16"). On the relay stream each call is
 //! one message each way.
 //!
