@@ -124,6 +124,20 @@ impl Http {
         Self::reply(&url, resp).await
     }
 
+    /// The value of the Prometheus sample `sample` (a name with its labels, e.g.
+    /// `picket_server_relay_calls_total{via="stream"}`) on the member at `endpoint`.
+    pub async fn metric(&self, endpoint: &str, sample: &str) -> Result<u64> {
+        let reply = self.get(endpoint, "/metrics").await?;
+        anyhow::ensure!(reply.status == 200, "/metrics on {endpoint}: {reply:?}");
+        let text = reply.body.as_str().context("/metrics is text")?;
+        let prefix = format!("{sample} ");
+        let line = text.lines().find_map(|l| l.strip_prefix(prefix.as_str()));
+        line.with_context(|| format!("no {sample} on {endpoint}"))?
+            .trim()
+            .parse()
+            .with_context(|| format!("{sample} on {endpoint}"))
+    }
+
     /// POSTs `body` to a streaming route and returns the open stream of reply lines.
     pub async fn stream(&self, endpoint: &str, path: &str, body: &Value) -> Result<Lines> {
         let url = format!("{endpoint}{path}");

@@ -97,15 +97,7 @@ async fn concurrent_puts_through_every_member_get_distinct_revisions_and_converg
 
 /// `picket_server_relay_calls_total{via="..."}` on the member at `endpoint`.
 async fn relay_calls(http: &picket_tests::http::Http, endpoint: &str, via: &str) -> Result<u64> {
-    let reply = http.get(endpoint, "/metrics").await?;
-    ensure!(reply.status == 200, "/metrics on {endpoint}: {reply:?}");
-    let text = reply.body.as_str().context("/metrics is text")?;
-    let name = format!("picket_server_relay_calls_total{{via=\"{via}\"}} ");
-    let line = text.lines().find_map(|l| l.strip_prefix(name.as_str()));
-    line.with_context(|| format!("no {name} on {endpoint}"))?
-        .trim()
-        .parse()
-        .with_context(|| format!("{name} on {endpoint}"))
+    http.metric(endpoint, &format!("picket_server_relay_calls_total{{via=\"{via}\"}}")).await
 }
 
 /// Issue 20: a follower's writes, keep-alives and linearizable reads reach the leader as calls

@@ -853,15 +853,7 @@ async fn read_index_rounds(
     endpoint: &str,
     via: &str,
 ) -> Result<u64> {
-    let reply = http.get(endpoint, "/metrics").await?;
-    ensure!(reply.status == 200, "/metrics on {endpoint}: {reply:?}");
-    let text = reply.body.as_str().context("/metrics is text")?;
-    let name = format!("picket_server_read_index_rounds_total{{via=\"{via}\"}} ");
-    let line = text.lines().find_map(|l| l.strip_prefix(name.as_str()));
-    line.with_context(|| format!("no {name} on {endpoint}"))?
-        .trim()
-        .parse()
-        .with_context(|| format!("{name} on {endpoint}"))
+    http.metric(endpoint, &format!("picket_server_read_index_rounds_total{{via=\"{via}\"}}")).await
 }
 
 /// Issue 20: a follower relays keep-alives and TimeToLive to the leader without first starting
