@@ -232,41 +232,54 @@ impl LeaderRelay {
 
     /// Asks the leader for a read index.
     pub async fn read_index(&self) -> Result<ReadIndexResponse, Status> {
-        if let Some(link) = &self.link {
-            match self.relayed(link, Call::ReadIndex(ReadIndexRequest {})).await {
-                Ok(Answer::ReadIndex(r)) => return Ok(r),
-                Ok(other) => return Err(status(mismatched(other))),
-                // Nothing reached the leader: ask it by the unary call instead.
-                Err(Failure::Unsupported) => {}
-                Err(f) => return Err(status(f)),
-            }
-        }
-        self.slot.counted(Via::Unary);
-        let mut client = self.client.clone();
-        client.read_index(ReadIndexRequest {}).await.map(|r| r.into_inner())
+        let pick = |a| match a {
+            Answer::ReadIndex(r) => Ok(r),
+            other => Err(other),
+        };
+        let unary = |mut c: RaftServiceClient<Channel>| async move {
+            c.read_index(ReadIndexRequest {}).await.map(|r| r.into_inner())
+        };
+        self.stream_or_unary(Call::ReadIndex(ReadIndexRequest {}), pick, unary).await
     }
 
     /// Relays a keep-alive to the leader, bounded by the request timeout.
     pub async fn lease_keep_alive(&self, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
         let req = LeaseKeepAliveRequest { id };
-        let answer = async {
-            if let Some(link) = &self.link {
-                match self.relayed(link, Call::LeaseKeepAlive(req)).await {
-                    Ok(Answer::LeaseKeepAlive(r)) => return Ok(r),
-                    Ok(other) => return Err(status(mismatched(other))),
-                    // Nothing reached the leader: relay it by the unary call instead.
-                    Err(Failure::Unsupported) => {}
-                    Err(f) => return Err(status(f)),
-                }
-            }
-            self.slot.counted(Via::Unary);
-            let mut client = self.client.clone();
-            client.lease_keep_alive(req).await.map(|r| r.into_inner())
+        let pick = |a| match a {
+            Answer::LeaseKeepAlive(r) => Ok(r),
+            other => Err(other),
         };
+        let unary = |mut c: RaftServiceClient<Channel>| async move {
+            c.lease_keep_alive(req).await.map(|r| r.into_inner())
+        };
+        let answer = self.stream_or_unary(Call::LeaseKeepAlive(req), pick, unary);
         // Safe to give up: a keep-alive only moves a deadline, and the caller retries it.
         tokio::time::timeout(self.timeout, answer).await.unwrap_or_else(|_| {
             Err(Status::deadline_exceeded("picket: keep-alive relay timed out"))
         })
+    }
+
+    /// A call whose request can be made again: on the stream when the leader has it, else by
+    /// `unary`, also when the leader turns out not to know the stream (it processed nothing).
+    /// `pick` takes the call's own answer out of the stream's reply.
+    async fn stream_or_unary<T, U>(
+        &self,
+        call: Call,
+        pick: impl FnOnce(Answer) -> Result<T, Answer>,
+        unary: impl FnOnce(RaftServiceClient<Channel>) -> U,
+    ) -> Result<T, Status>
+    where
+        U: std::future::Future<Output = Result<T, Status>>,
+    {
+        if let Some(link) = &self.link {
+            match self.relayed(link, call).await {
+                Ok(answer) => return pick(answer).map_err(|other| status(mismatched(other))),
+                Err(Failure::Unsupported) => {}
+                Err(f) => return Err(status(f)),
+            }
+        }
+        self.slot.counted(Via::Unary);
+        unary(self.client.clone()).await
     }
 
     /// One call on the stream; an old leader's refusal is remembered for [`UNSUPPORTED_FOR`].
