@@ -22,6 +22,9 @@ pub const DEFAULT_HEARTBEAT_MS: u64 = 100;
 pub const DEFAULT_ELECTION_MS: u64 = 1000;
 /// Applied entries between snapshots (etcd 3.5 `--snapshot-count`).
 pub const DEFAULT_SNAPSHOT_COUNT: u64 = 10_000;
+/// The most `--runtime-threads` accepted: far past any core count a member can use, low enough
+/// that a typo (an extra digit) is refused instead of starting thousands of threads.
+pub const MAX_RUNTIME_THREADS: i64 = 1024;
 
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -148,6 +151,20 @@ pub struct Config {
     /// read yet, so this bounds the memory watches can hold.
     #[arg(long = "max-watch-streams", env = "PICKET_MAX_WATCH_STREAMS", default_value_t = 2_048)]
     pub max_watch_streams: usize,
+
+    /// Runtime worker threads serving this member (gRPC, Raft, apply); 0, the default, means
+    /// one per core (or `TOKIO_WORKER_THREADS`). Set 1 where several members share a few cores
+    /// (a test cluster, the benchmarks): a member then wakes no idle second worker per message,
+    /// which cut its CPU per request by 6-11 % with three members on 2 cores. Leave the default
+    /// on a machine of its own: one worker cost a lone member a fifth of its reads
+    /// (`docs/operations.md`, "Tune"; `docs/benchmarks.md`, "Issue 20, session 17").
+    #[arg(
+        long = "runtime-threads",
+        env = "PICKET_RUNTIME_THREADS",
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u16).range(0..=MAX_RUNTIME_THREADS)
+    )]
+    pub runtime_threads: u16,
 
     /// Log filter, in `tracing_subscriber::EnvFilter` syntax (e.g. `info`, `picket_server=debug`).
     /// `rustls` logs at `error` unless this filter names it (see [`Config::log_filter`]).
@@ -535,6 +552,19 @@ mod tests {
 
     fn parse(args: &[&str]) -> Config {
         Config::parse_from(std::iter::once("picketd").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn runtime_threads_default_to_one_per_core_and_are_bounded() {
+        assert_eq!(parse(&[]).runtime_threads, 0, "0 means tokio's default, one per core");
+        assert_eq!(parse(&["--runtime-threads", "1"]).runtime_threads, 1);
+        let refused = |v: &str| {
+            let flag = format!("--runtime-threads={v}");
+            Config::try_parse_from(["picketd", flag.as_str()]).expect_err(v).to_string()
+        };
+        assert!(refused("1025").contains("--runtime-threads"), "{}", refused("1025"));
+        assert!(refused("-1").contains("--runtime-threads"));
+        assert!(refused("two").contains("--runtime-threads"));
     }
 
     #[test]

@@ -20,9 +20,9 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    // `--config-file`: flags from a YAML file, overridden by the command line.
+fn main() -> anyhow::Result<()> {
+    // `--config-file`: flags from a YAML file, overridden by the command line. Parsed before the
+    // runtime exists, because `--runtime-threads` decides its size.
     let cfg: Config = match picket_server::config_file::parse() {
         Ok(cfg) => cfg,
         Err(picket_server::config_file::ConfigFileError::Args(e)) => e.exit(),
@@ -37,6 +37,18 @@ async fn main() -> anyhow::Result<()> {
         LogFormat::Json => logs.json().init(),
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
     }
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    runtime.enable_all();
+    // 0 leaves tokio's default: one worker per core, or `TOKIO_WORKER_THREADS`.
+    if cfg.runtime_threads > 0 {
+        runtime.worker_threads(usize::from(cfg.runtime_threads));
+    }
+    let runtime = runtime.build().context("starting the runtime")?;
+    runtime.block_on(run(cfg))
+}
+
+/// Runs the member until a signal or a server's end, then shuts it down.
+async fn run(cfg: Config) -> anyhow::Result<()> {
     let mut node = picket_server::node::start(cfg).await.context("starting picketd")?;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let graceful = tokio::select! {

@@ -425,6 +425,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     }
     metrics.set_quota(quota);
     metrics.set_request_limits(cfg.max_request_bytes, cfg.max_txn_ops);
+    metrics.set_runtime_workers(tokio::runtime::Handle::current().metrics().num_workers());
     tokio::spawn(crate::api::quota_monitor::run(ctx.clone(), quota, stop_rx.clone()));
     tokio::spawn(crate::raft::member_tasks::publish(
         control.clone(),

@@ -47,6 +47,7 @@ const FAMILIES: &[&str] = &[
     "picket_server_quota_backend_bytes",
     "picket_server_max_request_bytes",
     "picket_server_max_txn_ops",
+    "picket_server_runtime_workers",
     "picket_disk_wal_fsync_duration_seconds",
     "picket_disk_backend_commit_duration_seconds",
     "picket_debugging_mvcc_watcher_total",
@@ -131,6 +132,11 @@ async fn metrics_health_and_leader_transfer_on_sigterm() -> Result<()> {
         extra_args: ["--listen-metrics-urls", "http://127.0.0.1:0", "--log-format", "json"]
             .map(String::from)
             .to_vec(),
+        // `--runtime-threads` sizes each member's runtime; the third keeps the default.
+        member_args: vec![
+            vec!["--runtime-threads".into(), "1".into()],
+            vec!["--runtime-threads".into(), "3".into()],
+        ],
         ..Default::default()
     };
     let mut cluster = Cluster::start(3, opts).await?;
@@ -155,6 +161,19 @@ async fn metrics_health_and_leader_transfer_on_sigterm() -> Result<()> {
         leaders += sample(&text, "picket_server_is_leader", &[]).unwrap_or(0.0);
     }
     ensure!(leaders == 1.0, "{leaders} members say they lead");
+
+    info!("each member's runtime has the workers its --runtime-threads asked for");
+    // The default (0) is tokio's: `TOKIO_WORKER_THREADS` if set (picketd inherits this
+    // process's environment), else one per core.
+    let cores = match std::env::var("TOKIO_WORKER_THREADS") {
+        Ok(n) => n.parse::<f64>().context("TOKIO_WORKER_THREADS")?,
+        Err(_) => std::thread::available_parallelism()?.get() as f64,
+    };
+    for (i, want) in [1.0, 3.0, cores].into_iter().enumerate() {
+        let (_, text) = http_get(addrs[i], "/metrics").await?;
+        let got = sample(&text, "picket_server_runtime_workers", &[]);
+        ensure!(got == Some(want), "{}: {got:?} runtime workers, want {want}", cluster.name(i));
+    }
 
     info!("request counters and the proposal histogram grow with requests");
     let put = ["grpc_service=\"etcdserverpb.KV\"", "grpc_method=\"Put\"", "grpc_code=\"OK\""];

@@ -86,6 +86,7 @@ pub struct Metrics {
     quota_backend_bytes: IntGauge,
     max_request_bytes: IntGauge,
     max_txn_ops: IntGauge,
+    runtime_workers: IntGauge,
     disk: disk::DiskMetrics,
     watchers: IntGauge,
     slow_watchers: IntGauge,
@@ -244,6 +245,11 @@ impl Metrics {
                 "server_max_txn_ops",
                 "The most operations in one transaction (--max-txn-ops).",
             )?,
+            runtime_workers: gauge(
+                "server_runtime_workers",
+                "Runtime worker threads serving this member (--runtime-threads; 0 means one \
+                 per core).",
+            )?,
             disk: disk::DiskMetrics {
                 wal_fsync: register(
                     r,
@@ -366,6 +372,12 @@ impl Metrics {
     pub fn set_request_limits(&self, max_request_bytes: usize, max_txn_ops: usize) {
         self.max_request_bytes.set(i64::try_from(max_request_bytes).unwrap_or(i64::MAX));
         self.max_txn_ops.set(i64::try_from(max_txn_ops).unwrap_or(i64::MAX));
+    }
+
+    /// Records how many runtime workers serve this member (`picket_server_runtime_workers`),
+    /// so an operator can see what `--runtime-threads` (or its default) gave.
+    pub fn set_runtime_workers(&self, workers: usize) {
+        self.runtime_workers.set(i64::try_from(workers).unwrap_or(i64::MAX));
     }
 
     /// Records the quota in effect (`picket_server_quota_backend_bytes`).
