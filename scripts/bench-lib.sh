@@ -25,7 +25,15 @@ sample_rss() { # out pid...
 # binaries already built, e.g. while other work changes the tree); and sets `bin`, `picketd`
 # (PICKETD_BIN runs another build, e.g. a copy of an older commit's, for before/after), `bench`
 # (the load generator, $bin/picket-bench unless BENCH_BIN names another), `root` (a new temp dir
-# named after $1), `pids` and `results`.
+# named after $1), `pids` and `results`, and `picket_flags`, the flags every Picket member of a
+# bench gets on top of its cluster flags.
+#
+# The three members of a bench cluster share this machine's cores, so they run as
+# docs/operations.md ("Tune") says members sharing a machine should: one runtime worker each
+# (`--runtime-threads 1`; PICKET_RUNTIME_THREADS=0 gives them tokio's default, one per core).
+# etcd keeps its default (GOMAXPROCS = cores), its best in the same layout: with GOMAXPROCS=1
+# it was no faster on any row (docs/benchmarks.md, "Issue 20, session 17"). An older picketd
+# without the flag fails to start here rather than run silently with another layout.
 bench_prelude() { # temp-dir-name
   scripts/setup-deps.sh
   [ -n "${BENCH_NO_BUILD:-}" ] || cargo build --workspace --release
@@ -35,4 +43,5 @@ bench_prelude() { # temp-dir-name
   root=$(mktemp -d "/tmp/$1.XXXXXX")
   pids=()
   results="$root/results.tsv"
+  picket_flags=(--runtime-threads "${PICKET_RUNTIME_THREADS:-1}")
 }

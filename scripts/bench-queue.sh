@@ -65,7 +65,8 @@ for i in 1 2 3; do
   "$picketd" --name "n$i" --data-dir "$root/picket/n$i" \
     --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
     --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
-    --initial-cluster "$cluster" --initial-cluster-state new 2>"$root/picket-n$i.log" &
+    --initial-cluster "$cluster" --initial-cluster-state new "${picket_flags[@]}" \
+    2>"$root/picket-n$i.log" &
   pids+=($!)
 done
 picket_pids=("${pids[@]}")
@@ -188,7 +189,7 @@ run() { # kind workers
   echo "$line rss_kib=$rss"
   printf '%s\t%s\t%s\t%s\t%s\n' "$r" "cycle-$n" "$kind" "$line" "$rss" >>"$results"
 }
-echo "# picketd: $picketd ($(stat -c %y "$picketd" | cut -d. -f1)); RabbitMQ: $(ctl 1 -q eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"'), Erlang $(ctl 1 -q eval 'erlang:system_info(otp_release).' 2>/dev/null | tr -d '"')"
+echo "# picketd: $picketd ($(stat -c %y "$picketd" | cut -d. -f1)) ${picket_flags[*]}; RabbitMQ: $(ctl 1 -q eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"'), Erlang $(ctl 1 -q eval 'erlang:system_info(otp_release).' 2>/dev/null | tr -d '"')"
 for r in $(seq "$rounds"); do
   echo "# round $r (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
   for n in 1 16; do

@@ -93,7 +93,7 @@ start_cluster() { # kind base_port; sets `started` to the members' PIDs
       --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p"
       --initial-cluster "$cluster" --initial-cluster-state new)
     if [ "$kind" = picket ]; then
-      "$picketd" "${args[@]}" 2>"$root/$tag-$kind-n$i.log" &
+      "$picketd" "${args[@]}" "${picket_flags[@]}" 2>"$root/$tag-$kind-n$i.log" &
     else
       etcd "${args[@]}" 2>"$root/$tag-$kind-n$i.log" &
     fi
@@ -198,7 +198,7 @@ run() { # name workload clients conns [rss]
 }
 [ -z "$same_cluster" ] || start_clusters all-rounds
 for r in $(seq "$rounds"); do
-  echo "# round $r (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "# round $r (load average: $(cut -d' ' -f1-3 /proc/loadavg)); picketd flags: ${picket_flags[*]}"
   [ -n "$same_cluster" ] || start_clusters "round$r"
   echo "# round $r $([ -n "$same_cluster" ] && echo "clusters shared by all rounds" || echo "fresh clusters"):" \
     "picket pids $(IFS=,; echo "${picket_pids[*]}") at revision $(revision $PB)," \
