@@ -132,6 +132,23 @@ impl TwoMembers {
         timeout(PROMPT, rx.wait_for(|r| *r >= n)).await.expect("reads").expect("reads");
     }
 
+    /// Waits (at most [`PROMPT`]) until `key` is in `lag`'s applied state, without counting
+    /// as a read.
+    async fn key_applied(&self, key: &[u8]) {
+        let req = RangeRequest { key: key.to_vec(), ..Default::default() };
+        let found = async {
+            // Bounded by the timeout around it; each pass is an in-memory read.
+            loop {
+                let r = self.lag.shared().with_store(|s| s.range(&req)).expect("range");
+                if !r.kvs.is_empty() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        timeout(PROMPT, found).await.expect("the key was never applied");
+    }
+
     fn reads(&self) -> u64 {
         *self.reads.borrow()
     }
@@ -167,15 +184,17 @@ async fn lock_waiter_is_granted_when_the_release_arrives_in_a_snapshot() {
     b.grant(WAITER).await;
     let held = mutex::lock(&b, b"lk", HOLDER).await.expect("first lock");
 
-    // The waiter's last read before it waits on the feed is its predecessor lookup, a read
-    // sorted newest first. Once that has been served, it is waiting (or about to, subscribed).
+    // The waiter subscribes to the feed before its queueing transaction, which also reads its
+    // predecessor, so once its key is applied it is waiting (or about to, with every later
+    // revision and the snapshot install in its feed) without another read.
     let before = b.reads();
     let waiter = tokio::spawn({
         let b = b.clone();
         async move { mutex::lock(&b, b"lk", WAITER).await }
     });
-    b.reads_reach(before + 3).await;
+    b.key_applied(&contender_key(b"lk", WAITER)).await;
     assert!(!waiter.is_finished(), "the waiter must queue behind the holder");
+    assert_eq!(b.reads(), before, "the waiter waits on what its transaction read");
 
     // The member falls behind; the holder releases and the member learns of it only through a
     // snapshot.

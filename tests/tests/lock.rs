@@ -104,6 +104,61 @@ async fn lock_grants_in_fifo_order_with_increasing_fencing_tokens() -> Result<()
     Ok(())
 }
 
+/// Linearizable read rounds (`picket_server_read_index_rounds_total`, both labels) the member
+/// at `endpoint` has started.
+async fn read_rounds(http: &picket_tests::http::Http, endpoint: &str) -> Result<u64> {
+    let mut n = 0;
+    for via in ["local", "leader"] {
+        let sample = format!("picket_server_read_index_rounds_total{{via=\"{via}\"}}");
+        n += http.metric(endpoint, &sample).await?;
+    }
+    Ok(n)
+}
+
+/// Issue 20: a waiter queues with one transaction that also reads the holder and its own
+/// predecessor, and is granted from its member's applied state when the predecessor's delete
+/// applies there, so a contended hand-off costs no linearizable read (it cost three: the
+/// holder, the waiter's own key and its predecessor, each a read-index round).
+#[tokio::test]
+async fn a_queued_waiter_is_granted_without_a_linearizable_read() -> Result<()> {
+    let cluster = Cluster::start(3, ClusterOptions::default()).await?;
+    let http = picket_tests::http::Http::new();
+    let leader = cluster.leader().await?;
+    // The waiter on one follower, everything else through the other, so the waiter's member
+    // starts no read round for anyone but the waiter.
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let (waiter_at, other) = (followers[0], followers[1]);
+    let mut c = cluster.client(other).await?;
+    let (_, holder) = lock_with_lease(&mut c, "handoff", 30).await?;
+    let before = read_rounds(&http, &cluster.endpoint(waiter_at)).await?;
+
+    info!("a waiter queues behind the holder through member {waiter_at}");
+    let mut w = cluster.client(waiter_at).await?;
+    let lease = w.lease_grant(30, None).await?.id();
+    let waiting =
+        tokio::spawn(
+            async move { w.lock("handoff", Some(LockOptions::new().with_lease(lease))).await },
+        );
+    key_appears(&c, "handoff/", format!("handoff/{lease:x}")).await?;
+
+    info!("the holder unlocks; the waiter gets the lock with a later fencing token");
+    let held = c.get(holder.clone(), None).await?;
+    let holder_token = token_of(&holder, held.kvs()).context("holder's key is gone")?;
+    c.unlock(holder.clone()).await?;
+    let granted = timeout(PROMPT, waiting).await.context("waiter not granted")???;
+    assert_eq!(granted.key(), format!("handoff/{lease:x}").as_bytes());
+    let got = c.get(granted.key(), None).await?;
+    let token = token_of(granted.key(), got.kvs()).context("granted key is gone")?;
+    let granted_at = granted.header().map(|h| h.revision()).unwrap_or_default();
+    assert!(token > holder_token, "waiter's token {token} after the holder's {holder_token}");
+    assert!(granted_at > token, "granted at revision {granted_at}, after its key ({token})");
+
+    let rounds = read_rounds(&http, &cluster.endpoint(waiter_at)).await? - before;
+    assert_eq!(rounds, 0, "the waiter's member started {rounds} read rounds for its hand-off");
+    cluster.finish();
+    Ok(())
+}
+
 #[tokio::test]
 async fn waiter_whose_lease_expires_gets_an_error_never_the_lock() -> Result<()> {
     let cluster = Cluster::start(1, ClusterOptions::default()).await?;

@@ -10,7 +10,7 @@ use picket_proto::mvccpb::KeyValue;
 use picket_proto::v3electionpb::LeaderKey;
 use tokio::sync::broadcast::error::RecvError;
 
-use super::mutex::{enqueue, first_by_create, wait_turn};
+use super::mutex::{enqueue, first_by_create, wait_turn, Queued, Reads};
 use super::{contender_prefix, Backend, ConcurrencyError, StoreError};
 use crate::storage::state_machine::FeedItem;
 
@@ -34,16 +34,20 @@ pub async fn campaign<B: Backend>(
     if name.is_empty() {
         return Err(ConcurrencyError::InvalidArgument("etcdserver: key is not provided".into()));
     }
-    let (key, rev, created, owner, header) = enqueue(b, name, lease, value).await?;
+    // Subscribed before queueing, as a lock waiter does (`mutex::lock`).
+    let feed = b.subscribe();
+    let queued = enqueue(b, name, lease, value, Reads::Predecessor).await?;
+    let known = queued.known_wait();
+    let Queued { key, rev, created, holds, header, .. } = queued;
     let leader = LeaderKey { name: name.to_vec(), key: key.clone(), rev, lease };
     if !created {
         // Campaigning again with the same lease: keep the key (and its place), update the value.
         proclaim(b, &leader, value).await?;
     }
-    if owner.as_ref().is_some_and(|o| o.create_revision == rev) {
+    if holds {
         return Ok((leader, header));
     }
-    let header = match wait_turn(b, name, &key, lease, rev).await {
+    let header = match wait_turn(b, name, &key, lease, rev, feed, known).await {
         Ok(h) => h,
         Err(e) => {
             if created {

@@ -11,6 +11,7 @@ use picket_proto::etcdserverpb::{
 use picket_proto::mvccpb::event::EventType;
 use picket_proto::mvccpb::KeyValue;
 use picket_proto::prefix_end;
+use tokio::sync::broadcast;
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{contender_key, contender_prefix, Backend, ConcurrencyError, StoreError};
@@ -51,18 +52,68 @@ fn first_kv(resp: &TxnResponse, i: usize) -> Option<KeyValue> {
     }
 }
 
+/// What the queueing transaction reads besides the contender's own key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reads {
+    /// The holder (the oldest contender), whole: what TryLock answers with.
+    Holder,
+    /// The two newest contenders, keys only: whether this one is the oldest, and if not, its
+    /// predecessor, which a waiter waits on (see [`Queued::known_wait`]).
+    Predecessor,
+}
+
+/// What the queueing transaction found, all at its revision (`header`).
+pub(crate) struct Queued {
+    /// This contender's key, `<name>/<lease hex>`, and its create revision.
+    pub key: Vec<u8>,
+    pub rev: i64,
+    /// Whether the transaction created the key (false: this lease already had one).
+    pub created: bool,
+    /// The holder, when the transaction read it ([`Reads::Holder`], or a key that existed).
+    pub owner: Option<KeyValue>,
+    /// Whether this contender is the oldest: it holds the lock.
+    pub holds: bool,
+    /// The contender created just before this one (keys only), when the transaction created
+    /// the key and read [`Reads::Predecessor`].
+    pub pred: Option<KeyValue>,
+    pub header: Option<ResponseHeader>,
+}
+
+impl Queued {
+    /// Where a waiter can start waiting without reading again: its predecessor and the revision
+    /// at which the transaction saw it, when known (see [`wait_turn`]).
+    pub(crate) fn known_wait(&self) -> Option<(KeyValue, i64)> {
+        let seen = self.header.map(|h| h.revision)?;
+        self.pred.clone().map(|p| (p, seen))
+    }
+}
+
 /// Creates (or finds) this contender's key: etcd's `If(CreateRevision(key) == 0)
-/// Then(Put(key, value, lease), GetOwner) Else(Get(key), GetOwner)`. Returns the key's create
-/// revision, whether this call created it, the current owner and the txn header.
+/// Then(Put(key, value, lease), GetOwner) Else(Get(key), GetOwner)`. With
+/// [`Reads::Predecessor`] the Then branch reads the two newest contenders instead of the owner
+/// (one range either way): the newest is the key just created, so one alone means it is the
+/// oldest too, and otherwise the second is its predecessor. A waiter then starts waiting from
+/// this committed transaction's reads instead of the three linearizable reads (holder, own key,
+/// predecessor) [`wait_turn`] would otherwise make.
 pub(crate) async fn enqueue<B: Backend>(
     b: &B,
     name: &[u8],
     lease: i64,
     value: &[u8],
-) -> Result<(Vec<u8>, i64, bool, Option<KeyValue>, Option<ResponseHeader>), ConcurrencyError> {
+    reads: Reads,
+) -> Result<Queued, ConcurrencyError> {
     let prefix = contender_prefix(name);
     let key = contender_key(name, lease);
     let owner = range_op(first_by_create(&prefix, SortOrder::Ascend, 0));
+    let then_read = match reads {
+        Reads::Holder => owner.clone(),
+        Reads::Predecessor => {
+            let mut newest_two = first_by_create(&prefix, SortOrder::Descend, 0);
+            newest_two.limit = 2;
+            newest_two.keys_only = true;
+            range_op(newest_two)
+        }
+    };
     let txn = TxnRequest {
         compare: vec![Compare {
             result: CompareResult::Equal as i32,
@@ -80,74 +131,104 @@ pub(crate) async fn enqueue<B: Backend>(
                     ..Default::default()
                 })),
             },
-            owner.clone(),
+            then_read,
         ],
         failure: vec![range_op(RangeRequest { key: key.clone(), ..Default::default() }), owner],
     };
     let resp = b.txn(txn).await?;
     let header = resp.header;
-    let rev = if resp.succeeded {
+    let created = resp.succeeded;
+    let rev = if created {
         header.map(|h| h.revision).unwrap_or_default()
     } else {
         first_kv(&resp, 0).map(|kv| kv.create_revision).unwrap_or_default()
     };
-    Ok((key, rev, resp.succeeded, first_kv(&resp, 1), header))
+    let mut queued = Queued { key, rev, created, owner: None, holds: false, pred: None, header };
+    if created && reads == Reads::Predecessor {
+        let newest = match resp.responses.get(1).and_then(|r| r.response.as_ref()) {
+            Some(OpResp::ResponseRange(r)) => r.kvs.as_slice(),
+            _ => &[],
+        };
+        let mine = |kv: &KeyValue| kv.key == queued.key && kv.create_revision == rev;
+        match newest {
+            [only] if mine(only) => queued.holds = true,
+            [first, pred] if mine(first) => queued.pred = Some(pred.clone()),
+            // Never expected (the put created the newest key): neither holding nor a known
+            // predecessor, so the waiter reads linearizably, as it always did.
+            _ => {}
+        }
+    } else {
+        queued.owner = first_kv(&resp, 1);
+        queued.holds = queued.owner.as_ref().is_some_and(|o| o.create_revision == rev);
+    }
+    Ok(queued)
 }
 
 /// Waits until `key` (created at `rev`) is the oldest contender under `name/`, then returns.
 /// Fails if the key disappears while waiting. Watches only the predecessor, so each release
 /// wakes exactly one waiter.
+///
+/// `feed` must have been subscribed before whatever established `known` (or, without it,
+/// before this call), so that every revision after it arrives in the feed. `known` is the
+/// predecessor and the revision at which a committed read saw it, with `key` live and not the
+/// oldest there ([`Queued::known_wait`]): the first wait starts from it instead of reading.
 pub(crate) async fn wait_turn<B: Backend>(
     b: &B,
     name: &[u8],
     key: &[u8],
     lease: i64,
     rev: i64,
+    mut feed: broadcast::Receiver<FeedItem>,
+    mut known: Option<(KeyValue, i64)>,
 ) -> Result<Option<ResponseHeader>, ConcurrencyError> {
     let prefix = contender_prefix(name);
-    // Subscribe before reading, so a delete applied between the read and the wait is in the
-    // feed: every event after the read's revision arrives here.
-    let mut feed = b.subscribe();
     // Set when this member's applied feed just showed the predecessor's (or our key's) delete.
     let mut woken = false;
     loop {
-        if std::mem::take(&mut woken) {
-            // The hand-off fast path: read this member's own applied state, which includes the
-            // delete that woke us (events are published after their batch is applied). If our
-            // key is the oldest there, it was the oldest, and live, at a committed revision
-            // reached after this call began, so granting at that revision is linearizable (the
-            // grant takes effect then) and the response header names it, as the linearizable
-            // read's would. It saves the ReadIndex round on every contended hand-off. Anything
-            // else (an older key still there, ours gone) falls through to the linearizable
-            // reads below, which decide.
-            let mut local = first_by_create(&prefix, SortOrder::Ascend, 0);
-            local.serializable = true;
-            let owner = b.range(local).await?;
-            if let Some(kv) = owner.kvs.first() {
-                if kv.key == key && kv.create_revision == rev {
-                    return Ok(owner.header);
+        // The queueing transaction already read what the reads below establish (the holder is
+        // another key, ours is live, and its predecessor), at its own committed revision: wait
+        // from there. Used once; every later pass reads.
+        let (pred_kv, seen) = if let Some(start) = known.take() {
+            start
+        } else {
+            if std::mem::take(&mut woken) {
+                // The hand-off fast path: read this member's own applied state, which includes the
+                // delete that woke us (events are published after their batch is applied). If our
+                // key is the oldest there, it was the oldest, and live, at a committed revision
+                // reached after this call began, so granting at that revision is linearizable (the
+                // grant takes effect then) and the response header names it, as the linearizable
+                // read's would. It saves the ReadIndex round on every contended hand-off. Anything
+                // else (an older key still there, ours gone) falls through to the linearizable
+                // reads below, which decide.
+                let mut local = first_by_create(&prefix, SortOrder::Ascend, 0);
+                local.serializable = true;
+                let owner = b.range(local).await?;
+                if let Some(kv) = owner.kvs.first() {
+                    if kv.key == key && kv.create_revision == rev {
+                        return Ok(owner.header);
+                    }
                 }
             }
-        }
-        let owner = b.range(first_by_create(&prefix, SortOrder::Ascend, 0)).await?;
-        match owner.kvs.first() {
-            // Ownership is proven by a linearizable read that still sees our key: its lease was
-            // alive at that revision, so the grant cannot go to a dead waiter.
-            Some(kv) if kv.key == key && kv.create_revision == rev => return Ok(owner.header),
-            _ => {}
-        }
-        let mine = b.range(RangeRequest { key: key.to_vec(), ..Default::default() }).await?;
-        if mine.kvs.first().map(|kv| kv.create_revision) != Some(rev) {
-            return Err(ConcurrencyError::KeyLost {
-                key: String::from_utf8_lossy(key).into_owned(),
-                lease,
-            });
-        }
-        let pred = b.range(first_by_create(&prefix, SortOrder::Descend, rev - 1)).await?;
-        let Some(pred_kv) = pred.kvs.first().cloned() else {
-            continue;
+            let owner = b.range(first_by_create(&prefix, SortOrder::Ascend, 0)).await?;
+            match owner.kvs.first() {
+                // Ownership is proven by a linearizable read that still sees our key: its lease was
+                // alive at that revision, so the grant cannot go to a dead waiter.
+                Some(kv) if kv.key == key && kv.create_revision == rev => return Ok(owner.header),
+                _ => {}
+            }
+            let mine = b.range(RangeRequest { key: key.to_vec(), ..Default::default() }).await?;
+            if mine.kvs.first().map(|kv| kv.create_revision) != Some(rev) {
+                return Err(ConcurrencyError::KeyLost {
+                    key: String::from_utf8_lossy(key).into_owned(),
+                    lease,
+                });
+            }
+            let pred = b.range(first_by_create(&prefix, SortOrder::Descend, rev - 1)).await?;
+            let Some(pred_kv) = pred.kvs.first().cloned() else {
+                continue;
+            };
+            (pred_kv, pred.header.map(|h| h.revision).unwrap_or_default())
         };
-        let seen = pred.header.map(|h| h.revision).unwrap_or_default();
         'wait: loop {
             match feed.recv().await {
                 // A snapshot install: the predecessor's delete may be inside it, and no event will
@@ -181,14 +262,19 @@ pub async fn lock<B: Backend>(b: &B, name: &[u8], lease: i64) -> Result<Grant, C
     if name.is_empty() {
         return Err(ConcurrencyError::InvalidArgument("etcdserver: key is not provided".into()));
     }
-    let (key, rev, created, owner, header) = enqueue(b, name, lease, b"").await?;
-    if owner.as_ref().is_some_and(|o| o.create_revision == rev) {
+    // Subscribed before queueing, so every revision after the queueing transaction's is in
+    // the feed and the wait can start from what that transaction read (`wait_turn`).
+    let feed = b.subscribe();
+    let queued = enqueue(b, name, lease, b"", Reads::Predecessor).await?;
+    let known = queued.known_wait();
+    let Queued { key, rev, created, holds, header, .. } = queued;
+    if holds {
         return Ok(Grant { key, token: rev, header });
     }
     // Remove our key if we created it and this call ends without the lock (error or the client
     // gave up and the future was dropped), as etcd's Mutex does.
     let mut cleanup = Cleanup { backend: b.clone(), key: Some(key.clone()).filter(|_| created) };
-    let header = wait_turn(b, name, &key, lease, rev).await?;
+    let header = wait_turn(b, name, &key, lease, rev, feed, known).await?;
     cleanup.key = None;
     Ok(Grant { key, token: rev, header })
 }
@@ -259,7 +345,8 @@ pub async fn try_lock<B: Backend>(
     if name.is_empty() {
         return Err(ConcurrencyError::InvalidArgument("etcdserver: key is not provided".into()));
     }
-    let (key, rev, created, owner, header) = enqueue(b, name, lease, b"").await?;
+    let queued = enqueue(b, name, lease, b"", Reads::Holder).await?;
+    let Queued { key, rev, created, owner, header, .. } = queued;
     match owner {
         Some(o) if o.create_revision == rev => {
             Ok(TryLock::Acquired(Grant { key, token: rev, header }))
