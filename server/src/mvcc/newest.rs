@@ -8,7 +8,9 @@
 //! newest `Cf::Kv` record (key and value, a tombstone included) as committed, filled on reads
 //! that missed and updated by every commit. Measured: under puts the memtable insert that
 //! follows now pays the cache misses the seek used to take, so puts gained nothing; txn
-//! compares and single-key deletes (the lock rows) did (benchmarks, same section).
+//! compares and single-key deletes (the lock rows) did (benchmarks, same section). A
+//! single-key Range in apply (`read::range`: a Txn's Get, a queue claim checking each in-flight
+//! job's claim) is answered here too: 10-17 % of a 16-worker queue cycle ("Issue 20, session 18").
 //!
 //! Why the answers stay exact:
 //! - Only [`crate::mvcc::ApplyBatch::commit`] writes `Cf::Kv`, and it hands the batch's `Kv`

@@ -200,11 +200,23 @@ pub fn range(
     // `count` is the number of live keys in the range, ignoring limit and filters (etcd).
     let mut count: i64 = 0;
     let mut kvs = Vec::new();
-    for v in Visible::etcd_range(view, &req.key, &req.range_end, at_rev) {
-        let v = v?;
-        count += 1;
-        if !req.count_only && kvs.len() < cap {
-            kvs.push(decode_kv(&v)?);
+    if req.range_end.is_empty() {
+        // One key: `get_at` answers from the apply path's newest-record cache when it can
+        // (`mvcc::newest`), without the engine iterator a scan opens. Apply's own point reads
+        // (a queue claim checking each in-flight job's claim, a Txn's Get) come here.
+        if let Some(kv) = get_at(view, &req.key, at_rev)? {
+            count = 1;
+            if !req.count_only {
+                kvs.push(kv);
+            }
+        }
+    } else {
+        for v in Visible::etcd_range(view, &req.key, &req.range_end, at_rev) {
+            let v = v?;
+            count += 1;
+            if !req.count_only && kvs.len() < cap {
+                kvs.push(decode_kv(&v)?);
+            }
         }
     }
 
