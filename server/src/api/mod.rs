@@ -83,7 +83,7 @@ impl Ctx {
     /// Replicates a command and returns its result, mapping a replicated error to its status.
     pub async fn propose(&self, cmd: Cmd) -> Result<CmdResult, Status> {
         // Refused early (no log entry) while NOSPACE is active; apply checks again.
-        crate::quota::check_propose(self.sm.engine(), &cmd)?;
+        crate::quota::check_propose(self.sm.alarms(), &cmd)?;
         let timer = self.metrics.start_proposal();
         let result = self.proposer.propose(Command(RaftCommand { cmd: Some(cmd) })).await;
         timer.finish(result.is_ok());

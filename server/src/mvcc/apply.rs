@@ -245,6 +245,11 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
         self.overlay.put(cf, key.to_vec(), value.to_vec());
     }
 
+    /// Whether this batch writes (puts or deletes) the record `key` of `cf`, so far.
+    pub fn writes_raw(&self, cf: Cf, key: &[u8]) -> bool {
+        self.overlay.table(cf).contains_key(key)
+    }
+
     /// Deletes a record in the same engine batch; see [`ApplyBatch::put_raw`].
     pub fn delete_raw(&mut self, cf: Cf, key: &[u8]) {
         self.overlay.delete(cf, key.to_vec());

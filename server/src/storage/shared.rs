@@ -62,6 +62,8 @@ pub struct Shared {
     pub(super) events: broadcast::Sender<FeedItem>,
     /// The applied auth store, for permission checks on the API layer (`crate::auth`).
     pub(super) auth: crate::auth::AuthCache,
+    /// Whether the applied alarm set has NOSPACE, for the propose-time check (`crate::quota`).
+    pub(super) alarms: crate::quota::AlarmCache,
     /// Times batch commits (`picket_disk_backend_commit_duration_seconds`) once set.
     pub(super) disk: std::sync::OnceLock<crate::metrics::disk::DiskMetrics>,
 }
@@ -140,6 +142,11 @@ impl Shared {
 
     pub fn engine(&self) -> &RocksEngine {
         &self.engine
+    }
+
+    /// The applied alarm set's NOSPACE, as of the last applied batch (`crate::quota`).
+    pub fn alarms(&self) -> &crate::quota::AlarmCache {
+        &self.alarms
     }
 
     /// Observes batch commit latency in `disk` from now on (the first call wins).

@@ -76,6 +76,8 @@ impl StateMachine {
         // keeps a stuck watcher from holding unbounded memory.
         let (events, _) = broadcast::channel(4096);
         let auth = crate::auth::AuthCache::load(&engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+        let alarms =
+            crate::quota::AlarmCache::load(&engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
         Ok(Self {
             shared: Arc::new(Shared {
                 engine,
@@ -85,6 +87,7 @@ impl StateMachine {
                 snapshots,
                 events,
                 auth,
+                alarms,
                 disk: std::sync::OnceLock::new(),
             }),
         })
@@ -140,6 +143,7 @@ impl StateMachine {
         // snapshot covers it, and the log purge is a synced write to the same WAL, which flushes
         // this batch first. A crash can lose the tail of applied state, never the log, and
         // replay restarts after the last applied id stored in the same batch.
+        let alarms_changed = batch.writes_raw(Cf::Meta, crate::quota::KEY_ALARMS);
         let revisions = match self.shared.disk.get() {
             Some(d) => d.time_backend_commit(|| batch.commit(false)),
             None => batch.commit(false),
@@ -150,6 +154,12 @@ impl StateMachine {
         // Before the results reach clients: a client whose auth change succeeded is checked
         // against it next.
         self.shared.auth.refresh(&self.shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+        if alarms_changed {
+            self.shared
+                .alarms
+                .refresh(&self.shared.engine)
+                .map_err(|e| sm_err(ErrorVerb::Read, e))?;
+        }
         for (revision, events) in revisions {
             // No receivers is fine: nobody is watching.
             let _ = self
@@ -227,6 +237,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 )));
             }
             shared.auth.reload(&shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
+            shared.alarms.refresh(&shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
             // The snapshot file is written and fsynced here too, off the runtime.
             shared.snapshots.save(&meta_owned, &blob).map_err(snap_err)?;
             Ok(inner)

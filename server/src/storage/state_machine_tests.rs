@@ -120,3 +120,44 @@ async fn a_built_snapshot_is_streamed_to_the_same_file_the_blob_path_wrote() {
     assert_eq!(again.meta, built.meta);
     assert!(again.snapshot.read_all().await.unwrap() == blob);
 }
+
+fn alarm(action: picket_proto::etcdserverpb::alarm_request::AlarmAction) -> Cmd {
+    Cmd::Alarm(picket_proto::etcdserverpb::AlarmRequest {
+        action: action as i32,
+        member_id: 7,
+        alarm: picket_proto::etcdserverpb::AlarmType::Nospace as i32,
+    })
+}
+
+/// The propose-time NOSPACE check reads an in-memory copy of the applied alarm set
+/// (`quota::AlarmCache`): it must follow every applied change, one arriving inside a
+/// group-committed batch included, and a snapshot install.
+#[tokio::test]
+async fn the_propose_time_alarm_copy_follows_applies_and_installs() {
+    use picket_proto::etcdserverpb::alarm_request::AlarmAction;
+    use picket_proto::picket::raft::v1::{CommandBatch, RaftCommand};
+
+    let mut m = Member::new();
+    assert!(!m.sm.shared().alarms().nospace());
+    m.apply(alarm(AlarmAction::Activate)).await;
+    assert!(m.sm.shared().alarms().nospace(), "an applied activation");
+    m.apply(put("k")).await;
+    assert!(m.sm.shared().alarms().nospace(), "a later batch without alarms keeps it");
+
+    // A snapshot taken now carries the alarm to a member that installs it.
+    m.sm.get_snapshot_builder().await.build_snapshot().await.unwrap();
+    let snap = m.sm.get_current_snapshot().await.unwrap().expect("a snapshot");
+    let mut target = Member::new();
+    target.sm.install_snapshot(&snap.meta, snap.snapshot).await.expect("install");
+    assert!(target.sm.shared().alarms().nospace(), "a snapshot install");
+
+    let batch = |c: Cmd| {
+        Cmd::Batch(CommandBatch {
+            commands: vec![RaftCommand { cmd: Some(put("b")) }, RaftCommand { cmd: Some(c) }],
+        })
+    };
+    m.apply(batch(alarm(AlarmAction::Deactivate))).await;
+    assert!(!m.sm.shared().alarms().nospace(), "a deactivation inside a batch");
+    m.apply(batch(alarm(AlarmAction::Activate))).await;
+    assert!(m.sm.shared().alarms().nospace(), "an activation inside a batch");
+}
