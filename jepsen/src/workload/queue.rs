@@ -21,7 +21,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use picket_proto::picket::v1::queue_client::QueueClient;
 use picket_proto::picket::v1::{
@@ -56,6 +56,8 @@ const CLAIM_WAIT: Duration = Duration::from_millis(CLAIM_WAIT_MS);
 const DRAIN_EMPTY: usize = 3;
 const DRAIN_WAIT_MS: u64 = 2000;
 const DRAIN_MAX: usize = 100_000;
+/// Longest delay the run asks for (a nack's `delay_ms`).
+const NACK_DELAY_MAX_MS: u64 = 100;
 /// Keep-alive request bound.
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -132,8 +134,13 @@ impl QueueWorkload {
             let done = drain(&mut rec, node, op_timeout, self.opts.lease_ttl).await;
             counts.add(rec.counts);
             match done {
-                Ok(true) => return Ok((counts, notes)),
-                Ok(false) => {}
+                Ok(Drain::Done) => return Ok((counts, notes)),
+                Ok(Drain::Retry) => {}
+                // The queue's state is replicated: another member would show the same jobs.
+                Ok(Drain::Stalled(why)) => {
+                    notes.push(format!("drain through {}: {why}", node.name));
+                    break;
+                }
                 Err(e) => notes.push(format!("drain through {}: {e}", node.name)),
             }
             tokio::time::sleep(super::FINAL_BACKOFF).await;
@@ -352,7 +359,7 @@ async fn consumer(
                 queue: QUEUE.into(),
                 job_id: job.id.clone(),
                 token: job.token,
-                delay_ms: Some(rng.random_range(0..100)),
+                delay_ms: Some(rng.random_range(0..NACK_DELAY_MAX_MS)),
                 error: "jepsen nack".into(),
             };
             match bounded(timeout, q.nack(req)).await {
@@ -376,25 +383,82 @@ async fn consumer(
     Ok(rec.counts)
 }
 
-/// Drains the queue through `node`. Returns true when the drain completed: the queue had no
-/// pending job and the dead letters and counts were read.
+/// How one drain attempt ended.
+#[derive(Debug, PartialEq)]
+enum Drain {
+    /// Nothing pending, and the dead letters were read.
+    Done,
+    /// Cut short (an error, an unanswered call): another attempt may finish it.
+    Retry,
+    /// Jobs stayed pending with nothing claimable for longer than any of them may: the queue
+    /// will not drain, and another attempt would wait as long again.
+    Stalled(String),
+}
+
+/// What `inspect` counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pending {
+    ready: u64,
+    delayed: u64,
+    in_flight: u64,
+}
+
+impl Pending {
+    fn total(&self) -> u64 {
+        self.ready + self.delayed + self.in_flight
+    }
+}
+
+/// How long the drain may claim nothing while jobs are pending. A job in flight comes back
+/// once its claimant's lease expires (the TTL); a delayed one within the longest delay the run
+/// asks for ([`NACK_DELAY_MAX_MS`]) plus the server's tolerance for a clock that ran ahead
+/// (1 s, `queue::CLOCK_TOLERANCE_MS`); a ready one at the next claim. Three TTLs plus 10 s is
+/// well past each, so a drain stopped by it found jobs stuck, not slow.
+fn stall_bound(lease_ttl: i64) -> Duration {
+    Duration::from_secs(3 * lease_ttl.max(1) as u64 + 10) + Duration::from_millis(NACK_DELAY_MAX_MS)
+}
+
+/// The drain's finding when it has claimed nothing for `idle` while `pending` jobs remain, once
+/// `idle` is past `bound`.
+fn stalled(pending: Pending, idle: Duration, bound: Duration) -> Option<String> {
+    (pending.total() > 0 && idle > bound).then(|| {
+        format!(
+            "nothing claimable for {} s while jobs stayed pending ({} ready, {} delayed, {} in \
+             flight), longer than any lease or delay of the run allows ({} ms delays at most)",
+            idle.as_secs(),
+            pending.ready,
+            pending.delayed,
+            pending.in_flight,
+            NACK_DELAY_MAX_MS
+        )
+    })
+}
+
+/// Drains the queue through `node`: [`Drain::Done`] when the queue had no pending job and the
+/// dead letters and counts were read. Bounded: at most [`DRAIN_MAX`] claims, and
+/// [`stall_bound`] without a claim while jobs are pending.
 async fn drain(
     rec: &mut Recorder,
     node: &NodeInfo,
     timeout: Duration,
     lease_ttl: i64,
-) -> Result<bool, WorkloadError> {
+) -> Result<Drain, WorkloadError> {
     let mut q = QueueClient::new(channel(node, timeout)?);
     let mut c = connect(node, timeout).await?;
     // Long enough to outlive the drain's pauses between claims; revoked at the end.
-    let Some(lease) = leases::grant(rec, &mut c, 60, timeout).await? else { return Ok(false) };
+    let Some(lease) = leases::grant(rec, &mut c, 60, timeout).await? else {
+        return Ok(Drain::Retry);
+    };
+    let bound = stall_bound(lease_ttl);
+    let mut last_claim = Instant::now();
     let mut empty = 0;
-    let mut ok = false;
+    let mut outcome = Drain::Retry;
     for _ in 0..DRAIN_MAX {
         let (job, answered) = claim(rec, &mut q, lease, DRAIN_WAIT_MS, timeout, true).await?;
         match job {
             Some(job) => {
                 empty = 0;
+                last_claim = Instant::now();
                 if !ack(rec, &mut q, &job, None, timeout, true).await?.0 {
                     break;
                 }
@@ -402,37 +466,37 @@ async fn drain(
             None if !answered => break,
             None => {
                 // Empty now: jobs of workers whose leases have not expired yet are in flight.
-                let counts = inspect(rec, &mut q, timeout).await?;
-                match counts {
-                    Some((0, _)) => {
-                        empty += 1;
-                        if empty >= DRAIN_EMPTY {
-                            ok = true;
-                            break;
-                        }
+                let Some(pending) = inspect(rec, &mut q, timeout).await? else { break };
+                if pending.total() == 0 {
+                    empty += 1;
+                    if empty >= DRAIN_EMPTY {
+                        outcome = Drain::Done;
+                        break;
                     }
-                    Some(_) => {
-                        // In flight under a dead worker's lease: it expires within the TTL.
-                        tokio::time::sleep(Duration::from_secs(lease_ttl.max(1) as u64)).await;
-                    }
-                    None => break,
+                    continue;
                 }
+                if let Some(why) = stalled(pending, last_claim.elapsed(), bound) {
+                    outcome = Drain::Stalled(why);
+                    break;
+                }
+                // In flight under a dead worker's lease: it expires within the TTL.
+                tokio::time::sleep(Duration::from_secs(lease_ttl.max(1) as u64)).await;
             }
         }
     }
-    if ok {
-        ok = dead_letters(rec, &mut q, timeout).await?;
+    if outcome == Drain::Done && !dead_letters(rec, &mut q, timeout).await? {
+        outcome = Drain::Retry;
     }
     let _ = client::bounded(timeout, c.lease_revoke(lease)).await;
-    Ok(ok)
+    Ok(outcome)
 }
 
-/// Records `inspect`; returns (ready + delayed + in flight, dead).
+/// Records `inspect`; returns what is pending.
 async fn inspect(
     rec: &mut Recorder,
     q: &mut QueueClient<Channel>,
     timeout: Duration,
-) -> Result<Option<(u64, u64)>, WorkloadError> {
+) -> Result<Option<Pending>, WorkloadError> {
     rec.invoke("inspect", Some(QUEUE), Value::Null)?;
     let req = QueueInspectRequest { queue: QUEUE.into(), limit: 0 };
     match bounded(timeout, q.inspect(req)).await {
@@ -440,7 +504,7 @@ async fn inspect(
             let v = json!({"ready": r.ready, "delayed": r.delayed, "in_flight": r.in_flight,
                            "dead": r.dead});
             rec.ok("inspect", Some(QUEUE), v, hdr(r.header.as_ref()))?;
-            Ok(Some((r.ready + r.delayed + r.in_flight, r.dead)))
+            Ok(Some(Pending { ready: r.ready, delayed: r.delayed, in_flight: r.in_flight }))
         }
         Err(e) => {
             rec.error("inspect", Some(QUEUE), Value::Null, &e, true)?;
@@ -484,5 +548,35 @@ async fn dead_letters(
             rec.error("dead_letters", Some(QUEUE), Value::Null, &e, true)?;
             Ok(false)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A drain once waited on 187 jobs that a member's clock, an hour ahead for six seconds, had
+    /// delayed by an hour (the server now bounds that, `queue::CLOCK_TOLERANCE_MS`); its only
+    /// bound was 100,000 claims of 2 s each. It now stops once nothing was claimable for longer
+    /// than any lease or delay of the run allows, and says what was stuck.
+    #[test]
+    fn a_drain_stops_with_what_is_stuck_once_no_lease_or_delay_explains_it() {
+        let ttl = 2;
+        let bound = stall_bound(ttl);
+        let lease_and_delay =
+            Duration::from_secs(ttl as u64 + 1) + Duration::from_millis(NACK_DELAY_MAX_MS);
+        assert!(bound > lease_and_delay * 2, "the bound must leave every lease and delay time");
+        assert!(bound < Duration::from_secs(60), "and still end a stuck drain within a minute");
+
+        let delayed = Pending { ready: 0, delayed: 187, in_flight: 0 };
+        assert_eq!(stalled(delayed, bound - Duration::from_millis(1), bound), None);
+        let why = stalled(delayed, bound + Duration::from_secs(1), bound).expect("stalled");
+        assert!(why.contains("187 delayed"), "{why}");
+        let held = Pending { ready: 0, delayed: 0, in_flight: 3 };
+        let why = stalled(held, bound * 2, bound).expect("stalled");
+        assert!(why.contains("3 in flight"), "{why}");
+        // An empty queue is the drain's success, however long it took.
+        let none = Pending { ready: 0, delayed: 0, in_flight: 0 };
+        assert_eq!(stalled(none, bound * 10, bound), None);
     }
 }
