@@ -164,6 +164,63 @@ pub(crate) async fn enqueue<B: Backend>(
     Ok(queued)
 }
 
+/// Where a waiting contender stands, by [`position`].
+enum Position {
+    /// It is the oldest contender: granted, with the header of the read that proved it.
+    Holds(Option<ResponseHeader>),
+    /// An older contender exists: its predecessor, and the revision at which it was read.
+    Behind(KeyValue, i64),
+    /// Not the oldest, yet nothing older was found by the next read (it went meanwhile): read
+    /// again.
+    NoPredecessor,
+}
+
+/// One read pass of [`wait_turn`]: whether `key` (created at `rev`) holds the lock, and if not,
+/// its predecessor. Fails if the key is gone. `woken`: this member's applied feed just showed
+/// the predecessor's (or our key's) delete.
+async fn position<B: Backend>(
+    b: &B,
+    prefix: &[u8],
+    key: &[u8],
+    lease: i64,
+    rev: i64,
+    woken: bool,
+) -> Result<Position, ConcurrencyError> {
+    if woken {
+        // The hand-off fast path: read this member's own applied state, which includes the
+        // delete that woke us (events are published after their batch is applied). If our key
+        // is the oldest there, it was the oldest, and live, at a committed revision reached
+        // after this call began, so granting at that revision is linearizable (the grant takes
+        // effect then) and the response header names it, as the linearizable read's would. It
+        // saves the ReadIndex round on every contended hand-off. Anything else (an older key
+        // still there, ours gone) falls through to the linearizable reads below, which decide.
+        let mut local = first_by_create(prefix, SortOrder::Ascend, 0);
+        local.serializable = true;
+        let owner = b.range(local).await?;
+        if owner.kvs.first().is_some_and(|kv| kv.key == key && kv.create_revision == rev) {
+            return Ok(Position::Holds(owner.header));
+        }
+    }
+    let owner = b.range(first_by_create(prefix, SortOrder::Ascend, 0)).await?;
+    // Ownership is proven by a linearizable read that still sees our key: its lease was alive
+    // at that revision, so the grant cannot go to a dead waiter.
+    if owner.kvs.first().is_some_and(|kv| kv.key == key && kv.create_revision == rev) {
+        return Ok(Position::Holds(owner.header));
+    }
+    let mine = b.range(RangeRequest { key: key.to_vec(), ..Default::default() }).await?;
+    if mine.kvs.first().map(|kv| kv.create_revision) != Some(rev) {
+        return Err(ConcurrencyError::KeyLost {
+            key: String::from_utf8_lossy(key).into_owned(),
+            lease,
+        });
+    }
+    let pred = b.range(first_by_create(prefix, SortOrder::Descend, rev - 1)).await?;
+    Ok(match pred.kvs.into_iter().next() {
+        Some(kv) => Position::Behind(kv, pred.header.map(|h| h.revision).unwrap_or_default()),
+        None => Position::NoPredecessor,
+    })
+}
+
 /// Waits until `key` (created at `rev`) is the oldest contender under `name/`, then returns.
 /// Fails if the key disappears while waiting. Watches only the predecessor, so each release
 /// wakes exactly one waiter.
@@ -185,49 +242,18 @@ pub(crate) async fn wait_turn<B: Backend>(
     // Set when this member's applied feed just showed the predecessor's (or our key's) delete.
     let mut woken = false;
     loop {
-        // The queueing transaction already read what the reads below establish (the holder is
+        // The queueing transaction already read what `position` establishes (the holder is
         // another key, ours is live, and its predecessor), at its own committed revision: wait
         // from there. Used once; every later pass reads.
-        let (pred_kv, seen) = if let Some(start) = known.take() {
-            start
-        } else {
-            if std::mem::take(&mut woken) {
-                // The hand-off fast path: read this member's own applied state, which includes the
-                // delete that woke us (events are published after their batch is applied). If our
-                // key is the oldest there, it was the oldest, and live, at a committed revision
-                // reached after this call began, so granting at that revision is linearizable (the
-                // grant takes effect then) and the response header names it, as the linearizable
-                // read's would. It saves the ReadIndex round on every contended hand-off. Anything
-                // else (an older key still there, ours gone) falls through to the linearizable
-                // reads below, which decide.
-                let mut local = first_by_create(&prefix, SortOrder::Ascend, 0);
-                local.serializable = true;
-                let owner = b.range(local).await?;
-                if let Some(kv) = owner.kvs.first() {
-                    if kv.key == key && kv.create_revision == rev {
-                        return Ok(owner.header);
-                    }
+        let (pred_kv, seen) = match known.take() {
+            Some(start) => start,
+            None => {
+                match position(b, &prefix, key, lease, rev, std::mem::take(&mut woken)).await? {
+                    Position::Holds(header) => return Ok(header),
+                    Position::Behind(pred, seen) => (pred, seen),
+                    Position::NoPredecessor => continue,
                 }
             }
-            let owner = b.range(first_by_create(&prefix, SortOrder::Ascend, 0)).await?;
-            match owner.kvs.first() {
-                // Ownership is proven by a linearizable read that still sees our key: its lease was
-                // alive at that revision, so the grant cannot go to a dead waiter.
-                Some(kv) if kv.key == key && kv.create_revision == rev => return Ok(owner.header),
-                _ => {}
-            }
-            let mine = b.range(RangeRequest { key: key.to_vec(), ..Default::default() }).await?;
-            if mine.kvs.first().map(|kv| kv.create_revision) != Some(rev) {
-                return Err(ConcurrencyError::KeyLost {
-                    key: String::from_utf8_lossy(key).into_owned(),
-                    lease,
-                });
-            }
-            let pred = b.range(first_by_create(&prefix, SortOrder::Descend, rev - 1)).await?;
-            let Some(pred_kv) = pred.kvs.first().cloned() else {
-                continue;
-            };
-            (pred_kv, pred.header.map(|h| h.revision).unwrap_or_default())
         };
         'wait: loop {
             match feed.recv().await {
