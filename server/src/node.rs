@@ -231,7 +231,13 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     let raft = Raft::new(node_id, raft_config, Network::new(dialer.clone()), log_store, sm)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
-    let proposer = Proposer::new(raft.clone(), node_id, cfg.request_timeout(), dialer.clone());
+    let proposer = Proposer::new(
+        raft.clone(),
+        node_id,
+        cfg.request_timeout(),
+        dialer.clone(),
+        shared.forwarded().clone(),
+    );
     let ctx = Arc::new(Ctx {
         cluster_id,
         member_id: node_id,

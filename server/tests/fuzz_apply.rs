@@ -205,7 +205,9 @@ fn command() -> BoxedStrategy<Cmd> {
 }
 
 fn batch_of(cmds: Vec<Option<Cmd>>) -> Cmd {
-    Cmd::Batch(CommandBatch { commands: cmds.into_iter().map(|cmd| RaftCommand { cmd }).collect() })
+    Cmd::Batch(CommandBatch {
+        commands: cmds.into_iter().map(|cmd| RaftCommand { cmd, forwarded: None }).collect(),
+    })
 }
 
 /// A command, or a batch of commands as the leader's group commit builds them, or a malformed
@@ -226,7 +228,7 @@ fn any_command() -> BoxedStrategy<Cmd> {
 fn entry(index: u64, cmd: Option<Cmd>) -> Entry {
     Entry {
         log_id: log_id(1 + index % 3, 1, index),
-        payload: EntryPayload::Normal(Command(RaftCommand { cmd })),
+        payload: EntryPayload::Normal(Command(RaftCommand { cmd, forwarded: None })),
     }
 }
 
@@ -243,12 +245,15 @@ fn open() -> (tempfile::TempDir, StateMachine) {
 /// flip that makes the bytes undecodable is undone, so the result always decodes: it is the
 /// command with as many of the flips as still leave a decodable command.
 fn corrupt(cmd: Cmd, flips: &[(usize, u8)]) -> Option<Cmd> {
-    let original = RaftCommand { cmd: Some(cmd) };
+    let original = RaftCommand { cmd: Some(cmd), forwarded: None };
     let mut bytes = original.encode_to_vec();
     for &(at, xor) in flips {
         let i = at % bytes.len();
         bytes[i] ^= xor;
-        if !matches!(RaftCommand::decode(bytes.as_slice()), Ok(RaftCommand { cmd: Some(_) })) {
+        if !matches!(
+            RaftCommand::decode(bytes.as_slice()),
+            Ok(RaftCommand { cmd: Some(_), forwarded: None })
+        ) {
             bytes[i] ^= xor;
         }
     }
@@ -306,7 +311,10 @@ fn apply_log(entries: Vec<Cmd>) -> Outcome {
         for (i, cmd) in entries.into_iter().enumerate() {
             let e = Entry {
                 log_id: log_id(2, 1, i as u64 + 1),
-                payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd) })),
+                payload: EntryPayload::Normal(Command(RaftCommand {
+                    cmd: Some(cmd),
+                    forwarded: None,
+                })),
             };
             let mut r = sm.apply_entries(vec![e]).expect("apply must not fail");
             match r.pop().map(|a| a.0) {

@@ -69,6 +69,8 @@ async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
     state.metrics.observe_read_index_rounds(local, leader);
     let (stream, unary) = state.ctx.proposer.relay_calls();
     state.metrics.observe_relay_calls(stream, unary);
+    let (by_apply, by_leader) = state.ctx.proposer.forwarded_answers();
+    state.metrics.observe_forwarded_answers(by_apply, by_leader);
     match state.metrics.render() {
         Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text)
             .into_response(),

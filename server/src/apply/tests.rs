@@ -117,7 +117,7 @@ fn a_lease_expiry_applies_only_in_the_term_that_decided_it() {
 #[test]
 fn a_batch_applies_each_command_alone_and_refuses_nesting() {
     let mut s = State::new();
-    let wrap = |cmd| RaftCommand { cmd: Some(cmd) };
+    let wrap = |cmd| RaftCommand { cmd: Some(cmd), forwarded: None };
     let nested = Cmd::Batch(CommandBatch { commands: vec![wrap(put("n", "1"))] });
     let batch = Cmd::Batch(CommandBatch {
         commands: vec![
@@ -125,7 +125,7 @@ fn a_batch_applies_each_command_alone_and_refuses_nesting() {
             // Fails deterministically; its neighbours still apply.
             wrap(Cmd::LeaseExpire(LeaseExpire { id: 1, term: 0 })),
             wrap(nested),
-            RaftCommand { cmd: None },
+            RaftCommand { cmd: None, forwarded: None },
             wrap(put("y", "2")),
         ],
     });

@@ -105,11 +105,11 @@ pub fn check_revision<E: Engine>(
     }
     Ok(match RaftCommand::decode(checked.command.as_slice()) {
         // Nesting is never built by the API layer; refusing it bounds apply's recursion.
-        Ok(RaftCommand { cmd: Some(Cmd::AuthChecked(_)) }) => {
+        Ok(RaftCommand { cmd: Some(Cmd::AuthChecked(_)), .. }) => {
             Checked::Malformed("auth-checked command nested in another")
         }
-        Ok(RaftCommand { cmd: Some(c) }) => Checked::Current(c),
-        Ok(RaftCommand { cmd: None }) => Checked::Malformed("empty auth-checked command"),
+        Ok(RaftCommand { cmd: Some(c), .. }) => Checked::Current(c),
+        Ok(RaftCommand { cmd: None, .. }) => Checked::Malformed("empty auth-checked command"),
         Err(_) => Checked::Malformed("undecodable auth-checked command"),
     })
 }
@@ -125,7 +125,7 @@ pub struct Judgement {
 pub fn checked(judged: Judgement, cmd: Cmd) -> Cmd {
     Cmd::AuthChecked(AuthChecked {
         auth_revision: judged.revision,
-        command: RaftCommand { cmd: Some(cmd) }.encode_to_vec(),
+        command: RaftCommand { cmd: Some(cmd), forwarded: None }.encode_to_vec(),
         judged_with_auth_off: !judged.auth_on,
     })
 }

@@ -94,6 +94,7 @@ pub struct Metrics {
     watch_handbacks: IntCounterVec,
     read_index_rounds: IntCounterVec,
     relay_calls: IntCounterVec,
+    forwarded_answers: IntCounterVec,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(
@@ -327,9 +328,23 @@ impl Metrics {
                 IntCounterVec::new(
                     Opts::new(
                         "server_relay_calls_total",
-                        "A follower's calls to the leader (forwarded write groups, read indexes,                          keep-alives): via=\"stream\" on its one relay stream, via=\"unary\" as                          one RPC each (a leader without the stream).",
+                        "A follower's calls to the leader (forwarded write groups, read indexes, \
+                         keep-alives): via=\"stream\" on its one relay stream, via=\"unary\" \
+                         as one RPC each (a leader without the stream).",
                     ),
                     &["via"],
+                )?,
+            )?,
+            forwarded_answers: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "server_forwarded_answers_total",
+                        "Writes this member forwarded to the leader and answered: by=\"apply\" \
+                         with the result its own apply handed over, by=\"leader\" with the \
+                         leader's result once its own apply showed in the Raft metrics.",
+                    ),
+                    &["by"],
                 )?,
             )?,
             registry,
@@ -428,6 +443,14 @@ impl Metrics {
         }
     }
 
+    /// Brings the forwarded-answer counters up to the proposer's counts, at scrape time.
+    pub fn observe_forwarded_answers(&self, by_apply: u64, by_leader: u64) {
+        for (by, now) in [("apply", by_apply), ("leader", by_leader)] {
+            let c = self.forwarded_answers.with_label_values(&[by]);
+            c.inc_by(now.saturating_sub(c.get()));
+        }
+    }
+
     /// Refreshes the gauges that are read from the store at scrape time.
     pub fn observe_store(&self, sm: &Shared) {
         let (total, in_use) = crate::quota::db_sizes(sm.engine());
@@ -516,6 +539,7 @@ mod tests {
         m.observe_read_index_rounds(3, 0);
         m.observe_read_index_rounds(5, 2);
         m.observe_relay_calls(4, 1);
+        m.observe_forwarded_answers(6, 2);
         let text = m.render().expect("render");
         assert!(text.contains("picket_server_quota_backend_bytes 1048576"), "{text}");
         assert!(text.contains("picket_server_max_request_bytes 1572864"), "{text}");
@@ -528,6 +552,8 @@ mod tests {
         assert!(text.contains("picket_server_read_index_rounds_total{via=\"leader\"} 2"), "{text}");
         assert!(text.contains("picket_server_relay_calls_total{via=\"stream\"} 4"), "{text}");
         assert!(text.contains("picket_server_relay_calls_total{via=\"unary\"} 1"), "{text}");
+        assert!(text.contains("picket_server_forwarded_answers_total{by=\"apply\"} 6"), "{text}");
+        assert!(text.contains("picket_server_forwarded_answers_total{by=\"leader\"} 2"), "{text}");
         drop((w, slow));
         let text = m.render().expect("render");
         assert!(text.contains("picket_debugging_mvcc_watcher_total 0"), "{text}");

@@ -111,7 +111,10 @@ impl<S: EntrySink> BatchSink for S {
             let write = self.write(Command(cmds.remove(0)));
             return async move { vec![write.await] }.boxed();
         }
-        let entry = Command(RaftCommand { cmd: Some(Cmd::Batch(CommandBatch { commands: cmds })) });
+        let entry = Command(RaftCommand {
+            cmd: Some(Cmd::Batch(CommandBatch { commands: cmds })),
+            forwarded: None,
+        });
         tracing::trace!(commands = n, "proposing batch");
         let write = self.write(entry);
         async move {

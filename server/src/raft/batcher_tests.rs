@@ -28,6 +28,7 @@ struct Fake {
 fn put(key: &str) -> Command {
     Command(RaftCommand {
         cmd: Some(Cmd::Put(PutRequest { key: key.as_bytes().to_vec(), ..Default::default() })),
+        forwarded: None,
     })
 }
 

@@ -36,6 +36,7 @@ use super::network::{peer_channel, peer_client};
 use super::read_index::{ReadIndexBatcher, ReadIndexSource};
 use super::relay::{LeaderRelay, RelaySlot};
 use super::types::{Command, NodeId, Raft, TypeConfig};
+use crate::storage::forwarded::ForwardedResults;
 use crate::tls::PeerDialer;
 
 /// Marker at the start of the status message a member returns when it refused a forwarded
@@ -101,6 +102,8 @@ struct Inner {
     peers: Mutex<HashMap<String, RaftServiceClient<Channel>>>,
     /// The relay stream to the current leader (`super::relay`), used while another member leads.
     relays: Arc<RelaySlot>,
+    /// Where this member's apply hands over the results of the commands it forwards.
+    forwarded: Arc<ForwardedResults>,
     /// While set and in the future, this member acts as if it were not the leader: a leader
     /// transfer (`raft::transfer`) stops all leader traffic so the followers' leader leases run
     /// out and the chosen member can win an election.
@@ -117,7 +120,15 @@ struct Inner {
 }
 
 impl Proposer {
-    pub fn new(raft: Raft, node_id: NodeId, request_timeout: Duration, dialer: PeerDialer) -> Self {
+    /// `forwarded` is the state machine's registry (`storage::forwarded`): this member's own
+    /// apply hands the results of the commands it forwards to their callers.
+    pub fn new(
+        raft: Raft,
+        node_id: NodeId,
+        request_timeout: Duration,
+        dialer: PeerDialer,
+        forwarded: Arc<ForwardedResults>,
+    ) -> Self {
         // The batchers' sources need the proposer (pause flag, peer clients) and live inside it,
         // so they hold a weak reference: no cycle, and a source outliving the proposer (a round
         // still running at shutdown) just reports `Stopped`.
@@ -128,6 +139,7 @@ impl Proposer {
             dialer,
             peers: Mutex::new(HashMap::new()),
             relays: Arc::default(),
+            forwarded,
             paused_until: Mutex::new(None),
             local_reads: ReadIndexBatcher::new(LocalReads(me.clone())),
             leader_reads: ReadIndexBatcher::new(LeaderReads(me.clone())),
@@ -218,15 +230,13 @@ impl Proposer {
         loop {
             match self.propose_local(cmd.clone()).await {
                 Err(ProposeError::NotLeader(Some(leader))) if leader != self.inner.node_id => {
-                    // Grouped with concurrent forwarded proposals into one RPC to the leader.
-                    match self.inner.forwards.propose(cmd.clone()).await {
+                    match self.forward(cmd.clone()).await {
                         // Refused before appending, or never sent: safe to retry after a pause
                         // in which the cluster settles on a leader.
                         Err(ProposeError::NotLeader(_)) => {
                             tokio::time::sleep(NO_LEADER_BACKOFF).await;
                         }
-                        Ok(applied) => return self.applied_here(applied).await,
-                        Err(e) => return Err(e),
+                        other => return other,
                     }
                 }
                 Err(ProposeError::NotLeader(_)) => {
@@ -238,6 +248,38 @@ impl Proposer {
                 other => return other.map(|a| a.result),
             }
         }
+    }
+
+    /// Forwards `cmd` to the leader (grouped with concurrent forwarded proposals into one call)
+    /// and returns its result once this member has applied it too. Whichever comes first: this
+    /// member's own apply hands the result over (`storage::forwarded`: apply is deterministic,
+    /// so it is the leader's result), or the leader answers and the wait for the local apply
+    /// follows. Unbounded here: [`Self::propose`] bounds it with the request timeout.
+    async fn forward(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
+        let registry = &self.inner.forwarded;
+        let (tagged, mut here) = registry.tag(cmd.0);
+        let answer = tokio::select! {
+            result = here.applied() => {
+                registry.answered(true);
+                return Ok(result);
+            }
+            answer = self.inner.forwards.propose(Command(tagged)) => answer?,
+        };
+        let (result, by_apply) = tokio::select! {
+            result = here.applied() => (Ok(result), true),
+            // Also covers a snapshot install on this member that skips the entry's apply.
+            result = self.applied_here(answer) => (result, false),
+        };
+        if result.is_ok() {
+            registry.answered(by_apply);
+        }
+        result
+    }
+
+    /// Forwarded writes answered so far: (with the result this member's apply handed over,
+    /// with the leader's result).
+    pub fn forwarded_answers(&self) -> (u64, u64) {
+        self.inner.forwarded.answers()
     }
 
     /// A forwarded command's result, once this member has applied the entry that carried it

@@ -108,6 +108,7 @@ mod tests {
                 value: vec![0xff; 3],
                 ..Default::default()
             })),
+            forwarded: None,
         });
         let bytes = postcard::to_allocvec(&cmd).expect("encode");
         // postcard writes a byte string as a varint length and the raw bytes: the payload is the

@@ -45,6 +45,7 @@ fn command() -> Command {
             value: b"v".to_vec(),
             ..Default::default()
         })),
+        forwarded: None,
     })
 }
 

@@ -10,6 +10,8 @@
 //!   `log_flusher` syncs its appends in groups, off openraft's core task.
 //! - `state_machine`: openraft's `RaftStateMachine`; decodes committed commands and dispatches
 //!   them to [`crate::mvcc`] and [`crate::lease`], one engine write batch per `apply()` call.
+//! - `forwarded`: hands the results of commands this member forwarded to the leader to their
+//!   waiters as the state machine applies them.
 //! - `snapshot`: state-machine snapshots built from a consistent engine view.
 //!
 //! The MVCC data model (revisions, key versions, compaction) lives in [`crate::mvcc`], which
@@ -19,6 +21,7 @@ pub mod engine;
 pub mod rocks;
 
 // Owned by the Raft layer (see the list above).
+pub mod forwarded;
 pub mod log_flusher;
 pub mod log_store;
 pub mod shared;

@@ -64,6 +64,8 @@ pub struct Shared {
     pub(super) auth: crate::auth::AuthCache,
     /// Whether the applied alarm set has NOSPACE, for the propose-time check (`crate::quota`).
     pub(super) alarms: crate::quota::AlarmCache,
+    /// Waiters of the commands this member forwarded to the leader (`super::forwarded`).
+    pub(super) forwarded: Arc<super::forwarded::ForwardedResults>,
     /// Times batch commits (`picket_disk_backend_commit_duration_seconds`) once set.
     pub(super) disk: std::sync::OnceLock<crate::metrics::disk::DiskMetrics>,
 }
@@ -147,6 +149,11 @@ impl Shared {
     /// The applied alarm set's NOSPACE, as of the last applied batch (`crate::quota`).
     pub fn alarms(&self) -> &crate::quota::AlarmCache {
         &self.alarms
+    }
+
+    /// Where a forwarding member registers its waiters (`super::forwarded`).
+    pub fn forwarded(&self) -> &Arc<super::forwarded::ForwardedResults> {
+        &self.forwarded
     }
 
     /// Observes batch commit latency in `disk` from now on (the first call wins).

@@ -88,6 +88,7 @@ impl StateMachine {
                 events,
                 auth,
                 alarms,
+                forwarded: Arc::default(),
                 disk: std::sync::OnceLock::new(),
             }),
         })
@@ -106,6 +107,8 @@ impl StateMachine {
         // The lease table is changed in place: if the batch below fails to commit, the node
         // stops (a storage failure is fatal), so there is no half-applied table to roll back.
         let mut batch = store.begin_apply();
+        // Results owed to this member's own forwarded commands (`super::forwarded`).
+        let mut forwarded = Vec::new();
         for entry in entries {
             let log_id = entry.log_id;
             if last_applied.is_some_and(|a| log_id.index <= a.index) {
@@ -121,13 +124,18 @@ impl StateMachine {
                     *membership = StoredMembership::new(Some(log_id), m);
                     CmdResult::Empty(Empty {})
                 }
-                EntryPayload::Normal(cmd) => crate::apply::maybe_command(
-                    &mut batch,
-                    leases,
-                    cmd.0.cmd,
-                    log_id.leader_id.term,
-                )
-                .map_err(|e| sm_err(ErrorVerb::Write, e))?,
+                EntryPayload::Normal(cmd) => {
+                    let ours = self.shared.forwarded.ours(&cmd.0);
+                    let result = crate::apply::maybe_command(
+                        &mut batch,
+                        leases,
+                        cmd.0.cmd,
+                        log_id.leader_id.term,
+                    )
+                    .map_err(|e| sm_err(ErrorVerb::Write, e))?;
+                    ours.collect(&result, &mut forwarded);
+                    result
+                }
             };
             *last_applied = Some(log_id);
             tracing::trace!(log_index = log_id.index, "applied entry");
@@ -167,6 +175,9 @@ impl StateMachine {
                 .events
                 .send(FeedItem::Revision(RevisionEvents { revision, events: Arc::new(events) }));
         }
+        // After the commit, the auth refresh and the feed, as the leader's answers come after
+        // this function returns: a client answered here reads its write here.
+        self.shared.forwarded.deliver(forwarded);
         Ok(results)
     }
 }

@@ -153,7 +153,10 @@ async fn the_propose_time_alarm_copy_follows_applies_and_installs() {
 
     let batch = |c: Cmd| {
         Cmd::Batch(CommandBatch {
-            commands: vec![RaftCommand { cmd: Some(put("b")) }, RaftCommand { cmd: Some(c) }],
+            commands: vec![
+                RaftCommand { cmd: Some(put("b")), forwarded: None },
+                RaftCommand { cmd: Some(c), forwarded: None },
+            ],
         })
     };
     m.apply(batch(alarm(AlarmAction::Deactivate))).await;

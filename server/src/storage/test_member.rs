@@ -32,10 +32,15 @@ impl Member {
 
     /// Applies `cmd` as the next log entry (term 1) and returns its result.
     pub(crate) async fn apply(&mut self, cmd: Cmd) -> CmdResult {
+        self.apply_command(RaftCommand { cmd: Some(cmd), forwarded: None })
+    }
+
+    /// Applies `cmd` as the next log entry (term 1) and returns its result.
+    pub(crate) fn apply_command(&mut self, cmd: RaftCommand) -> CmdResult {
         self.index += 1;
         let entry = Entry {
             log_id: crate::raft::types::log_id(1, 1, self.index),
-            payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd) })),
+            payload: EntryPayload::Normal(Command(cmd)),
         };
         let mut out = self.sm.apply_entries(vec![entry]).expect("apply");
         out.pop().and_then(|a| a.0.result).expect("one result")
