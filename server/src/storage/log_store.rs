@@ -9,6 +9,7 @@
 use std::fmt::Debug;
 use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
@@ -26,6 +27,9 @@ const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
 const KEY_LAST_PURGED: &[u8] = b"last_purged";
 
+/// How often at most the committed log id is written (`save_committed`).
+const SAVE_COMMITTED_EVERY: Duration = Duration::from_millis(500);
+
 /// The Raft log. Cheap to clone: clones share the database and the flusher, and serve as log
 /// readers.
 #[derive(Clone)]
@@ -37,6 +41,8 @@ pub struct LogStore {
     disk: Option<crate::metrics::disk::DiskMetrics>,
     /// What this member acknowledged, kept outside RocksDB (`storage::wal_tail`); none offline.
     acked: Option<super::wal_tail::AckedRecord>,
+    /// When `save_committed` last wrote (openraft calls it on the one store it owns).
+    committed_saved_at: Option<Instant>,
 }
 
 fn index_key(index: u64) -> [u8; 8] {
@@ -60,7 +66,7 @@ impl LogStore {
     /// Starts the log's flusher thread.
     pub fn new(db: Arc<DB>) -> Result<Self, StorageError> {
         let flusher = Arc::new(LogFlusher::start(db.clone())?);
-        Ok(Self { db, flusher, disk: None, acked: None })
+        Ok(Self { db, flusher, disk: None, acked: None, committed_saved_at: None })
     }
 
     /// The flusher that syncs this log's appends.
@@ -265,6 +271,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // never survive a crash that loses entries it covers: it is written to the shared WAL
         // after them (they may still await their sync in `log_flusher`), and a recovered WAL is
         // a prefix of what was written.
+        //
+        // Written at most every SAVE_COMMITTED_EVERY: openraft calls this on its core task for
+        // every commit, before it hands the entries to the state machine, and each call was a
+        // RocksDB write and a WAL write(2) on every member, on a lone write's path. A stored id
+        // older than the true one is as safe as a lost one: at start openraft takes the larger
+        // of it and the state machine's last applied id, and the leader tells it the rest.
+        if self.committed_saved_at.is_some_and(|t| t.elapsed() < SAVE_COMMITTED_EVERY) {
+            return Ok(());
+        }
+        self.committed_saved_at = Some(Instant::now());
         self.put_meta(KEY_COMMITTED, &committed, "store", false)
     }
 
@@ -343,3 +359,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.write_synced(batch).map_err(|e| io_err("write logs", e))
     }
 }
+
+#[cfg(test)]
+#[path = "log_store_tests.rs"]
+mod tests;
