@@ -138,6 +138,17 @@ impl Http {
             .with_context(|| format!("{sample} on {endpoint}"))
     }
 
+    /// The value of the sample `name{label="value"}` on the member at `endpoint` (see
+    /// [`Self::metric`]).
+    pub async fn labelled(
+        &self,
+        endpoint: &str,
+        name: &str,
+        (label, value): (&str, &str),
+    ) -> Result<u64> {
+        self.metric(endpoint, &format!("{name}{{{label}=\"{value}\"}}")).await
+    }
+
     /// POSTs `body` to a streaming route and returns the open stream of reply lines.
     pub async fn stream(&self, endpoint: &str, path: &str, body: &Value) -> Result<Lines> {
         let url = format!("{endpoint}{path}");

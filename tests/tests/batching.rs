@@ -109,7 +109,7 @@ async fn three_members_and_a_follower() -> Result<(Cluster, usize, String, etcd_
 
 /// `picket_server_relay_calls_total{via="..."}` on the member at `endpoint`.
 async fn relay_calls(http: &picket_tests::http::Http, endpoint: &str, via: &str) -> Result<u64> {
-    http.metric(endpoint, &format!("picket_server_relay_calls_total{{via=\"{via}\"}}")).await
+    http.labelled(endpoint, "picket_server_relay_calls_total", ("via", via)).await
 }
 
 /// Issue 20: a follower's writes, keep-alives and linearizable reads reach the leader as calls
@@ -171,7 +171,7 @@ async fn forwarded_answers(
     endpoint: &str,
     by: &str,
 ) -> Result<u64> {
-    http.metric(endpoint, &format!("picket_server_forwarded_answers_total{{by=\"{by}\"}}")).await
+    http.labelled(endpoint, "picket_server_forwarded_answers_total", ("by", by)).await
 }
 
 /// Issue 20: a follower answers a write it forwarded with the result its own apply of the entry

@@ -853,7 +853,7 @@ async fn read_index_rounds(
     endpoint: &str,
     via: &str,
 ) -> Result<u64> {
-    http.metric(endpoint, &format!("picket_server_read_index_rounds_total{{via=\"{via}\"}}")).await
+    http.labelled(endpoint, "picket_server_read_index_rounds_total", ("via", via)).await
 }
 
 /// Issue 20: a follower relays keep-alives and TimeToLive to the leader without first starting

@@ -109,8 +109,7 @@ async fn lock_grants_in_fifo_order_with_increasing_fencing_tokens() -> Result<()
 async fn read_rounds(http: &picket_tests::http::Http, endpoint: &str) -> Result<u64> {
     let mut n = 0;
     for via in ["local", "leader"] {
-        let sample = format!("picket_server_read_index_rounds_total{{via=\"{via}\"}}");
-        n += http.metric(endpoint, &sample).await?;
+        n += http.labelled(endpoint, "picket_server_read_index_rounds_total", ("via", via)).await?;
     }
     Ok(n)
 }

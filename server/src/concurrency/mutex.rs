@@ -186,6 +186,10 @@ async fn position<B: Backend>(
     rev: i64,
     woken: bool,
 ) -> Result<Position, ConcurrencyError> {
+    // Our key is the oldest contender in `owner` (a read of the first key by create revision).
+    let holds = |owner: &picket_proto::etcdserverpb::RangeResponse| {
+        owner.kvs.first().is_some_and(|kv| kv.key == key && kv.create_revision == rev)
+    };
     if woken {
         // The hand-off fast path: read this member's own applied state, which includes the
         // delete that woke us (events are published after their batch is applied). If our key
@@ -197,14 +201,14 @@ async fn position<B: Backend>(
         let mut local = first_by_create(prefix, SortOrder::Ascend, 0);
         local.serializable = true;
         let owner = b.range(local).await?;
-        if owner.kvs.first().is_some_and(|kv| kv.key == key && kv.create_revision == rev) {
+        if holds(&owner) {
             return Ok(Position::Holds(owner.header));
         }
     }
     let owner = b.range(first_by_create(prefix, SortOrder::Ascend, 0)).await?;
     // Ownership is proven by a linearizable read that still sees our key: its lease was alive
     // at that revision, so the grant cannot go to a dead waiter.
-    if owner.kvs.first().is_some_and(|kv| kv.key == key && kv.create_revision == rev) {
+    if holds(&owner) {
         return Ok(Position::Holds(owner.header));
     }
     let mine = b.range(RangeRequest { key: key.to_vec(), ..Default::default() }).await?;

@@ -82,11 +82,9 @@ impl ForwardedResults {
     }
 
     /// What of `cmd` (one log entry's command) was forwarded from this run of this member:
-    /// checked before apply consumes the command.
+    /// checked before apply consumes the command. Takes no lock (it runs for every entry): a
+    /// ticket of ours whose caller gave up is dropped by [`Self::deliver`].
     pub fn ours(&self, cmd: &RaftCommand) -> Ours {
-        if self.waiting.lock().is_empty() {
-            return Ours::None;
-        }
         if let Some(Cmd::Batch(batch)) = &cmd.cmd {
             let slots: Vec<(usize, u64)> = batch
                 .commands
