@@ -65,7 +65,10 @@ impl Member {
         g.1 += 1;
         let entry = Entry {
             log_id: log_id(1, 1, g.1),
-            payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd), forwarded: None })),
+            payload: EntryPayload::Normal(Command::new(RaftCommand {
+                cmd: Some(cmd),
+                forwarded: None,
+            })),
         };
         let mut out = g.0.apply_entries(vec![entry]).expect("apply");
         out.pop().and_then(|a| a.0.result).expect("one result")

@@ -228,7 +228,7 @@ fn any_command() -> BoxedStrategy<Cmd> {
 fn entry(index: u64, cmd: Option<Cmd>) -> Entry {
     Entry {
         log_id: log_id(1 + index % 3, 1, index),
-        payload: EntryPayload::Normal(Command(RaftCommand { cmd, forwarded: None })),
+        payload: EntryPayload::Normal(Command::new(RaftCommand { cmd, forwarded: None })),
     }
 }
 
@@ -311,7 +311,7 @@ fn apply_log(entries: Vec<Cmd>) -> Outcome {
         for (i, cmd) in entries.into_iter().enumerate() {
             let e = Entry {
                 log_id: log_id(2, 1, i as u64 + 1),
-                payload: EntryPayload::Normal(Command(RaftCommand {
+                payload: EntryPayload::Normal(Command::new(RaftCommand {
                     cmd: Some(cmd),
                     forwarded: None,
                 })),

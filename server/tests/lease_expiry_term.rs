@@ -16,7 +16,10 @@ use picket_server::storage::state_machine::StateMachine;
 fn entry(term: u64, index: u64, cmd: Cmd) -> Entry {
     Entry {
         log_id: log_id(term, 1, index),
-        payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd), forwarded: None })),
+        payload: EntryPayload::Normal(Command::new(RaftCommand {
+            cmd: Some(cmd),
+            forwarded: None,
+        })),
     }
 }
 

@@ -89,7 +89,10 @@ impl TwoMembers {
         m.index += 1;
         let entry = Entry {
             log_id: log_id(1, 1, m.index),
-            payload: EntryPayload::Normal(Command(RaftCommand { cmd: Some(cmd), forwarded: None })),
+            payload: EntryPayload::Normal(Command::new(RaftCommand {
+                cmd: Some(cmd),
+                forwarded: None,
+            })),
         };
         let mut out = m.ahead.apply_entries(vec![entry.clone()]).expect("apply on ahead");
         if !m.paused {

@@ -85,8 +85,10 @@ impl Ctx {
         // Refused early (no log entry) while NOSPACE is active; apply checks again.
         crate::quota::check_propose(self.sm.alarms(), &cmd)?;
         let timer = self.metrics.start_proposal();
-        let result =
-            self.proposer.propose(Command(RaftCommand { cmd: Some(cmd), forwarded: None })).await;
+        let result = self
+            .proposer
+            .propose(Command::new(RaftCommand { cmd: Some(cmd), forwarded: None }))
+            .await;
         timer.finish(result.is_ok());
         let result = result?;
         match result.result {

@@ -60,7 +60,7 @@ fn outcome<T>(
 pub fn maybe_command<E: Engine>(
     batch: &mut ApplyBatch<'_, E>,
     leases: &mut LeaseTable,
-    cmd: Option<Cmd>,
+    cmd: Option<&Cmd>,
     entry_term: u64,
 ) -> Result<CmdResult, Fatal> {
     match cmd {
@@ -74,12 +74,12 @@ pub fn maybe_command<E: Engine>(
 pub fn command<E: Engine>(
     batch: &mut ApplyBatch<'_, E>,
     leases: &mut LeaseTable,
-    cmd: Cmd,
+    cmd: &Cmd,
     entry_term: u64,
 ) -> Result<CmdResult, Fatal> {
     // Storage quota (`crate::quota`): while a NOSPACE alarm is active, commands that grow the
     // store get etcd's "database space exceeded", decided from replicated state only.
-    if let Err(crate::quota::NoSpace) = crate::quota::gate(batch, &cmd).map_err(Fatal::new)? {
+    if let Err(crate::quota::NoSpace) = crate::quota::gate(batch, cmd).map_err(Fatal::new)? {
         return Ok(Refusal::NoSpace.into_result());
     }
     match cmd {
@@ -91,23 +91,23 @@ pub fn command<E: Engine>(
         Cmd::LeaseExpire(e) => command(
             batch,
             leases,
-            Cmd::LeaseRevoke(picket_proto::etcdserverpb::LeaseRevokeRequest { id: e.id }),
+            &Cmd::LeaseRevoke(picket_proto::etcdserverpb::LeaseRevokeRequest { id: e.id }),
             entry_term,
         ),
         // A put under the subscription group prefix must store a well-formed record
         // (`crate::subscription::check_put`).
-        Cmd::Put(req) => match crate::subscription::check_put(&req) {
-            Ok(()) => outcome(batch.put(&req, leases), CmdResult::Put),
+        Cmd::Put(req) => match crate::subscription::check_put(req) {
+            Ok(()) => outcome(batch.put(req, leases), CmdResult::Put),
             Err(e) => Ok(Refusal::Group(e).into_result()),
         },
-        Cmd::DeleteRange(req) => outcome(batch.delete_range(&req), CmdResult::DeleteRange),
-        Cmd::Txn(req) => match crate::subscription::check_txn(&req) {
-            Ok(()) => outcome(batch.txn(&req, leases), CmdResult::Txn),
+        Cmd::DeleteRange(req) => outcome(batch.delete_range(req), CmdResult::DeleteRange),
+        Cmd::Txn(req) => match crate::subscription::check_txn(req) {
+            Ok(()) => outcome(batch.txn(req, leases), CmdResult::Txn),
             Err(e) => Ok(Refusal::Group(e).into_result()),
         },
         // Subscription groups may clamp a compaction (see `crate::subscription::guard`).
         Cmd::Compaction(req) => {
-            outcome(crate::subscription::guard::compact(batch, &req), CmdResult::Compaction)
+            outcome(crate::subscription::guard::compact(batch, req), CmdResult::Compaction)
         }
         Cmd::LeaseGrant(req) => match leases.grant(req.id, req.ttl) {
             Ok(record) => {
@@ -141,24 +141,24 @@ pub fn command<E: Engine>(
             Ok(Refusal::Malformed("empty auth command").into_result())
         }
         Cmd::Auth(AuthCommand { op: Some(op) }) => {
-            outcome(crate::auth::replicated::apply(batch, op), |r| match r {
+            outcome(crate::auth::replicated::apply(batch, op.clone()), |r| match r {
                 Ok(r) => CmdResult::Auth(r),
                 Err(e) => Refusal::Auth(e).into_result(),
             })
         }
-        Cmd::AuthChecked(c) => match crate::auth::replicated::check_revision(batch, &c) {
-            Ok(Checked::Current(inner)) => command(batch, leases, inner, entry_term),
+        Cmd::AuthChecked(c) => match crate::auth::replicated::check_revision(batch, c) {
+            Ok(Checked::Current(inner)) => command(batch, leases, &inner, entry_term),
             Ok(Checked::Stale) => Ok(Refusal::Auth(AuthError::AuthOldRevision).into_result()),
             Ok(Checked::NoUser) => Ok(Refusal::Auth(AuthError::UserEmpty).into_result()),
             Ok(Checked::Malformed(what)) => Ok(Refusal::Malformed(what).into_result()),
             Err(e) => outcome::<()>(Err(e), |_| CmdResult::Empty(Empty {})),
         },
-        Cmd::Alarm(req) => crate::quota::apply_alarm(batch, &req).map_err(Fatal::new),
+        Cmd::Alarm(req) => crate::quota::apply_alarm(batch, req).map_err(Fatal::new),
         Cmd::Batch(b) => self::batch(batch, leases, b, entry_term),
         // Queue claims and acks, decided here so no two claimers race for a job.
         Cmd::Queue(q) => outcome(crate::queue::decide::apply(batch, leases, q), CmdResult::Queue),
         Cmd::FencedTxn(f) => {
-            let Some(txn) = f.txn else {
+            let Some(txn) = &f.txn else {
                 return Ok(Refusal::Malformed("fenced txn without a txn").into_result());
             };
             let owner = match batch.range(&crate::concurrency::holder_range(&f.name)) {
@@ -167,13 +167,13 @@ pub fn command<E: Engine>(
             };
             match owner {
                 Some(kv) if kv.create_revision == f.token => {
-                    match crate::subscription::check_txn(&txn) {
-                        Ok(()) => outcome(batch.txn(&txn, leases), CmdResult::Txn),
+                    match crate::subscription::check_txn(txn) {
+                        Ok(()) => outcome(batch.txn(txn, leases), CmdResult::Txn),
                         Err(e) => Ok(Refusal::Group(e).into_result()),
                     }
                 }
                 other => Ok(Refusal::StaleToken {
-                    name: f.name,
+                    name: f.name.clone(),
                     token: f.token,
                     holder: other.map(|kv| kv.create_revision),
                 }
@@ -191,16 +191,16 @@ pub fn command<E: Engine>(
 fn batch<E: Engine>(
     batch: &mut ApplyBatch<'_, E>,
     leases: &mut LeaseTable,
-    cmds: CommandBatch,
+    cmds: &CommandBatch,
     entry_term: u64,
 ) -> Result<CmdResult, Fatal> {
     let mut results = Vec::with_capacity(cmds.commands.len());
-    for cmd in cmds.commands {
-        let result = match cmd.cmd {
+    for cmd in &cmds.commands {
+        let result = match &cmd.cmd {
             Some(Cmd::Batch(_)) => {
                 Refusal::Malformed("a command batch may not contain another batch").into_result()
             }
-            other => maybe_command(batch, leases, other, entry_term)?,
+            other => maybe_command(batch, leases, other.as_ref(), entry_term)?,
         };
         results.push(CommandResult { result: Some(result) });
     }

@@ -27,7 +27,7 @@ impl State {
     /// Applies `cmd` as one entry of term `term` and commits it.
     fn apply_in_term(&mut self, cmd: Cmd, term: u64) -> CmdResult {
         let mut batch = self.store.begin_apply();
-        let out = command(&mut batch, &mut self.leases, cmd, term).expect("no fatal error");
+        let out = command(&mut batch, &mut self.leases, &cmd, term).expect("no fatal error");
         batch.commit(false).unwrap();
         out
     }

@@ -82,12 +82,12 @@ fn decode<M: Message + Default>(kv: &KeyValue) -> Result<M, Corrupt> {
 pub fn apply<E: Engine>(
     b: &mut ApplyBatch<'_, E>,
     leases: &dyn LeaseLookup,
-    cmd: QueueCommand,
+    cmd: &QueueCommand,
 ) -> Result<QueueResult, MvccError> {
-    let out = match cmd.op {
-        Some(Op::Claim(op)) => claim(b, leases, &cmd.queue, &op, cmd.now_ms),
-        Some(Op::Ack(op)) => ack(b, leases, &cmd.queue, &op),
-        Some(Op::AckClaim(op)) => ack_claim(b, leases, &cmd.queue, &op, cmd.now_ms),
+    let out = match &cmd.op {
+        Some(Op::Claim(op)) => claim(b, leases, &cmd.queue, op, cmd.now_ms),
+        Some(Op::Ack(op)) => ack(b, leases, &cmd.queue, op),
+        Some(Op::AckClaim(op)) => ack_claim(b, leases, &cmd.queue, op, cmd.now_ms),
         None => Err(Failed::Corrupt(corrupt(cmd.queue.as_bytes(), "queue command without an op"))),
     };
     let outcome = match out {

@@ -50,7 +50,7 @@ impl State {
         let mut b = self.store.begin_apply();
         let out = cmds
             .into_iter()
-            .map(|c| apply(&mut b, &self.leases, c).map(|r| r.outcome.expect("an outcome")))
+            .map(|c| apply(&mut b, &self.leases, &c).map(|r| r.outcome.expect("an outcome")))
             .collect();
         b.commit(false).unwrap();
         out

@@ -35,7 +35,6 @@ use parking_lot::Mutex;
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::{BatchResult, CommandBatch, CommandResult, RaftCommand};
-use prost::Message;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tonic::Status;
@@ -108,10 +107,10 @@ impl<S: EntrySink> BatchSink for S {
         if n == 1 {
             // A batch of one is the plain command, so an idle cluster writes the log it wrote
             // before batching existed.
-            let write = self.write(Command(cmds.remove(0)));
+            let write = self.write(Command::new(cmds.remove(0)));
             return async move { vec![write.await] }.boxed();
         }
-        let entry = Command(RaftCommand {
+        let entry = Command::new(RaftCommand {
             cmd: Some(Cmd::Batch(CommandBatch { commands: cmds })),
             forwarded: None,
         });
@@ -214,8 +213,9 @@ impl<S: BatchSink> ProposalBatcher<S> {
     /// Queues `cmd` for the next entry and resolves with its own result.
     pub async fn propose(&self, cmd: Command) -> Result<Applied, ProposeError> {
         let (tx, rx) = oneshot::channel();
-        let bytes = cmd.0.encoded_len();
-        self.shared.state.lock().queue.push_back(Pending { cmd: cmd.0, bytes, reply: tx });
+        let bytes = cmd.encoded_len();
+        let cmd = cmd.into_inner();
+        self.shared.state.lock().queue.push_back(Pending { cmd, bytes, reply: tx });
         pump(&self.shared);
         // Every queued sender is answered, or dropped because its entry's task was aborted by a
         // runtime shutting down: then Raft is stopping too.

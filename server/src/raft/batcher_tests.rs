@@ -9,6 +9,7 @@ use futures::FutureExt;
 use picket_proto::etcdserverpb::{PutRequest, PutResponse};
 use picket_proto::mvccpb::KeyValue;
 use picket_proto::picket::raft::v1::CommandError;
+use prost::Message;
 
 use super::*;
 
@@ -26,7 +27,7 @@ struct Fake {
 }
 
 fn put(key: &str) -> Command {
-    Command(RaftCommand {
+    Command::new(RaftCommand {
         cmd: Some(Cmd::Put(PutRequest { key: key.as_bytes().to_vec(), ..Default::default() })),
         forwarded: None,
     })
@@ -61,7 +62,7 @@ impl EntrySink for Fake {
     fn write(&self, cmd: Command) -> BoxFuture<'static, Result<Applied, ProposeError>> {
         let log_index = {
             let mut entries = self.entries.lock();
-            entries.push(cmd.0.clone());
+            entries.push(cmd.get().clone());
             entries.len() as u64
         };
         let fail = self.fail_with.clone();
@@ -77,7 +78,7 @@ impl EntrySink for Fake {
             if let Some(e) = fail {
                 return Err(e);
             }
-            let mut result = answer(&cmd.0);
+            let mut result = answer(cmd.get());
             if malformed {
                 if let Some(CmdResult::Batch(b)) = &mut result.result {
                     b.results.pop();
@@ -191,7 +192,7 @@ async fn batches_respect_the_byte_bound_and_an_oversized_command_goes_alone() {
     let fake = Fake::default();
     let entries = fake.entries.clone();
     // Each "k.."-command encodes to a handful of bytes; the big one alone exceeds the bound.
-    let small = put("k00").0.encoded_len();
+    let small = put("k00").encoded_len();
     let b = ProposalBatcher::new(fake, limits(256, 2 * small, 1));
     let big = format!("big{}", "x".repeat(10 * small));
     let names: Vec<String> = vec!["k00", "k01", "k02", "k03", &big, "k05", "k06"]
@@ -307,7 +308,7 @@ impl EntrySink for FirstNeverAnswered {
             if first {
                 futures::future::pending::<()>().await;
             }
-            Ok(Applied { result: answer(&cmd.0), log_index: 1 })
+            Ok(Applied { result: answer(cmd.get()), log_index: 1 })
         }
         .boxed()
     }

@@ -189,7 +189,7 @@ fn from_outcome(o: ForwardOutcome) -> Result<Applied, ProposeError> {
 /// On the leader: proposes every forwarded command locally, concurrently and in order (so they
 /// queue for the leader's group commit in the follower's order), and answers one outcome each.
 pub async fn serve_group(proposer: &Proposer, cmds: Vec<RaftCommand>) -> Vec<ForwardOutcome> {
-    join_all(cmds.into_iter().map(|c| proposer.propose_local(Command(c))))
+    join_all(cmds.into_iter().map(|c| proposer.propose_local(Command::new(c))))
         .await
         .into_iter()
         .map(|r| ForwardOutcome {

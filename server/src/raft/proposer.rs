@@ -202,7 +202,7 @@ impl Proposer {
             // would hold the slot every later write needs. Nothing was appended: retry safely.
             return Err(ProposeError::NotLeader(other));
         }
-        if matches!(cmd.0.cmd, Some(Cmd::Batch(_))) {
+        if matches!(cmd.get().cmd, Some(Cmd::Batch(_))) {
             // Batches are built by the batcher from single commands; one arriving from outside
             // (a forwarded request) would nest once batched, which apply refuses.
             return Err(ProposeError::Remote(Status::invalid_argument(
@@ -257,13 +257,13 @@ impl Proposer {
     /// follows. Unbounded here: [`Self::propose`] bounds it with the request timeout.
     async fn forward(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
         let registry = &self.inner.forwarded;
-        let (tagged, mut here) = registry.tag(cmd.0);
+        let (tagged, mut here) = registry.tag(cmd.into_inner());
         let answer = tokio::select! {
             result = here.applied() => {
                 registry.answered(true);
                 return Ok(result);
             }
-            answer = self.inner.forwards.propose(Command(tagged)) => answer?,
+            answer = self.inner.forwards.propose(Command::new(tagged)) => answer?,
         };
         let (result, by_apply) = tokio::select! {
             result = here.applied() => (Ok(result), true),

@@ -165,7 +165,7 @@ impl RaftService for PeerService {
             .ok_or_else(|| Status::invalid_argument("picket: forward without a command"))?;
         // Only propose locally: a forwarded request is never forwarded again, so a stale leader
         // hint cannot bounce a proposal around the cluster.
-        match self.proposer.propose_local(Command(command)).await {
+        match self.proposer.propose_local(Command::new(command)).await {
             // The single-command reply has no room for the entry's index; only a follower
             // talking to a leader from before `ForwardBatch` uses it, and such a leader would not
             // send one either.

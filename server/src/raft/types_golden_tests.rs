@@ -39,7 +39,7 @@ fn membership() -> StoredMembership {
 }
 
 fn command() -> Command {
-    Command(RaftCommand {
+    Command::new(RaftCommand {
         cmd: Some(Cmd::Put(PutRequest {
             key: b"k".to_vec(),
             value: b"v".to_vec(),

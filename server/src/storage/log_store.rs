@@ -16,6 +16,7 @@ use openraft::{OptionalSend, RaftLogReader};
 use rocksdb::{Direction, IteratorMode, WriteBatch, WriteOptions, DB};
 
 use super::log_flusher::LogFlusher;
+use super::log_tail::LogTail;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
@@ -37,6 +38,8 @@ pub struct LogStore {
     db: Arc<DB>,
     /// Syncs appends and completes their callbacks (`log_flusher`).
     flusher: Arc<LogFlusher>,
+    /// The newest entries, which answer most reads (`log_tail`).
+    tail: Arc<LogTail>,
     /// Times every synced write (`picket_disk_wal_fsync_duration_seconds`); none offline.
     disk: Option<crate::metrics::disk::DiskMetrics>,
     /// What this member acknowledged, kept outside RocksDB (`storage::wal_tail`); none offline.
@@ -66,7 +69,14 @@ impl LogStore {
     /// Starts the log's flusher thread.
     pub fn new(db: Arc<DB>) -> Result<Self, StorageError> {
         let flusher = Arc::new(LogFlusher::start(db.clone())?);
-        Ok(Self { db, flusher, disk: None, acked: None, committed_saved_at: None })
+        Ok(Self {
+            db,
+            flusher,
+            tail: Arc::default(),
+            disk: None,
+            acked: None,
+            committed_saved_at: None,
+        })
     }
 
     /// The flusher that syncs this log's appends.
@@ -178,8 +188,9 @@ pub const MAX_APPEND_BYTES: usize = 2 * 1024 * 1024;
 
 impl LogStore {
     /// The entries of `range` in order, stopping after the entry that brings the stored bytes
-    /// read to `max_bytes` (so at least one entry when there is any).
-    fn read_entries<RB: RangeBounds<u64>>(
+    /// read to `max_bytes` (so at least one entry when there is any): from the tail in memory
+    /// when it holds the start of the range, else from RocksDB.
+    pub(super) fn read_entries<RB: RangeBounds<u64>>(
         &self,
         range: RB,
         max_bytes: usize,
@@ -189,6 +200,40 @@ impl LogStore {
             Bound::Excluded(x) => x.saturating_add(1),
             Bound::Unbounded => 0,
         };
+        let end = match range.end_bound() {
+            Bound::Included(x) => x.checked_add(1),
+            Bound::Excluded(x) => Some(*x),
+            Bound::Unbounded => None,
+        };
+        // An empty range reads nothing; the tail would answer it with its first entry.
+        if end.is_some_and(|end| end <= start) {
+            return Ok(Vec::new());
+        }
+        match self.tail.read(start, end, max_bytes) {
+            Some(entries) => Ok(entries),
+            None => self.read_stored(start, &range, max_bytes),
+        }
+    }
+
+    /// Whether the tail in memory holds entry `index`.
+    #[cfg(test)]
+    pub(super) fn tail_holds(&self, index: u64) -> bool {
+        self.tail.read(index, index.checked_add(1), usize::MAX).is_some()
+    }
+
+    /// The tail's stored bytes and entry count.
+    #[cfg(test)]
+    pub(super) fn tail_held(&self) -> (usize, usize) {
+        self.tail.held()
+    }
+
+    /// [`Self::read_entries`] from RocksDB.
+    pub(super) fn read_stored<RB: RangeBounds<u64>>(
+        &self,
+        start: u64,
+        range: &RB,
+        max_bytes: usize,
+    ) -> Result<Vec<Entry>, StorageError> {
         let cf = self.cf(CF_LOG)?;
         let mut out = Vec::new();
         let mut bytes = 0usize;
@@ -300,10 +345,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let cf = self.cf(CF_LOG)?;
         let mut batch = WriteBatch::default();
         let mut last_index = None;
+        let mut written = Vec::new();
         for entry in entries {
             let bytes = postcard::to_allocvec(&entry).map_err(|e| io_err("write logs", e))?;
-            batch.put_cf(cf, index_key(entry.log_id.index), bytes);
+            batch.put_cf(cf, index_key(entry.log_id.index), &bytes);
             last_index = Some(entry.log_id.index);
+            written.push((entry, bytes.len()));
         }
         // Not synced here: the entries are readable once written, which is all openraft 0.10
         // needs before it replicates them. It counts this member towards the commit quorum
@@ -314,6 +361,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.io_completed(Err(std::io::Error::other(e.to_string())));
             return Err(io_err("write logs", e));
         }
+        // Readable from memory as from RocksDB, and as unsynced: readers may replicate and
+        // apply it only under openraft's rules, which wait for the flush where they must.
+        self.tail.appended(written);
         self.flusher.push(last_index, callback)
     }
 
@@ -331,6 +381,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         }
         let mut batch = WriteBatch::default();
         batch.delete_range_cf(self.cf(CF_LOG)?, index_key(first_gone), index_key(u64::MAX));
+        // The tail first: a reader between the two steps finds the entries in RocksDB, which
+        // still holds them until the write below (the other order would let the tail answer
+        // with entries already deleted).
+        self.tail.truncated(first_gone);
         // Durability: synced so a crash cannot resurrect conflicting entries after the leader
         // has been told they are gone and newer entries replaced them.
         self.write_synced(batch).map_err(|e| io_err("write logs", e))
@@ -356,6 +410,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // State-machine writes are not synced individually; syncing here flushes the shared WAL
         // up to this point, so the applied state the snapshot covers is durable before the log
         // entries that could rebuild it disappear.
+        self.tail.purged(log_id.index);
         self.write_synced(batch).map_err(|e| io_err("write logs", e))
     }
 }

@@ -24,6 +24,7 @@ pub mod rocks;
 pub mod forwarded;
 pub mod log_flusher;
 pub mod log_store;
+pub mod log_tail;
 pub mod shared;
 pub mod snapshot;
 pub mod snapshot_file;

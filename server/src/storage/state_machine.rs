@@ -125,11 +125,11 @@ impl StateMachine {
                     CmdResult::Empty(Empty {})
                 }
                 EntryPayload::Normal(cmd) => {
-                    let ours = self.shared.forwarded.ours(&cmd.0);
+                    let ours = self.shared.forwarded.ours(cmd.get());
                     let result = crate::apply::maybe_command(
                         &mut batch,
                         leases,
-                        cmd.0.cmd,
+                        cmd.get().cmd.as_ref(),
                         log_id.leader_id.term,
                     )
                     .map_err(|e| sm_err(ErrorVerb::Write, e))?;

@@ -40,7 +40,7 @@ impl Member {
         self.index += 1;
         let entry = Entry {
             log_id: crate::raft::types::log_id(1, 1, self.index),
-            payload: EntryPayload::Normal(Command(cmd)),
+            payload: EntryPayload::Normal(Command::new(cmd)),
         };
         let mut out = self.sm.apply_entries(vec![entry]).expect("apply");
         out.pop().and_then(|a| a.0.result).expect("one result")
