@@ -42,3 +42,6 @@ pub mod storage;
 pub mod subscription;
 pub mod tls;
 pub mod watch;
+
+#[cfg(test)]
+mod test_rng;

@@ -61,6 +61,18 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
         self.compacted
     }
 
+    /// This batch's writes so far.
+    #[cfg(test)]
+    pub(crate) fn overlay_for_tests(&self) -> &Overlay {
+        &self.overlay
+    }
+
+    /// The engine under the store, without the store's caches.
+    #[cfg(test)]
+    pub(crate) fn engine_for_tests(&self) -> &E {
+        self.store.engine()
+    }
+
     fn view(&self) -> Layered<'_> {
         // The store, not its engine: it adds the newest-record cache (`newest`).
         Layered { base: &*self.store, top: &self.overlay }
@@ -283,13 +295,17 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
         }
         let overlay = std::mem::take(&mut self.overlay);
         if !overlay.is_empty() {
-            // The cache takes the batch's Kv writes from the overlay before it is consumed; if
-            // the write then fails it is cleared, so it never answers for records the engine
-            // does not hold (`newest`). Nothing reads it in between: this is its only user.
+            // The caches take the batch's Kv and Meta writes from the overlay before it is
+            // consumed; if the write then fails they are cleared, so they never answer for
+            // records the engine does not hold (`newest`, `meta_cache`). Nothing reads them in
+            // between: this is their only user.
             let table = overlay.table(Cf::Kv);
             self.store.newest.committed(table.iter().map(|(k, v)| (k.as_slice(), v.as_deref())));
+            let table = overlay.table(Cf::Meta);
+            self.store.meta.committed(table.iter().map(|(k, v)| (k.as_slice(), v.as_deref())));
             if let Err(e) = self.store.engine().write(overlay.into_write_batch(), sync) {
                 self.store.newest.clear();
+                self.store.meta.clear();
                 return Err(e.into());
             }
         }

@@ -34,6 +34,7 @@
 //!
 //! # Files
 //! - [`keys`]: byte layouts. [`overlay`]: in-memory write layers over an engine view.
+//! - `newest`, `meta_cache`: what the apply path read or wrote, kept as committed.
 //! - [`read`]: visible versions and etcd Range. [`compare`]: txn guards.
 //! - `request`: Put, DeleteRange and lease revocation inside one request.
 //! - `txn`: etcd's Txn order (compares, checks, ops). `compact`: incremental compaction.
@@ -46,6 +47,7 @@ pub mod compare;
 pub mod error;
 pub mod hash;
 pub mod keys;
+mod meta_cache;
 mod newest;
 pub mod overlay;
 pub mod read;

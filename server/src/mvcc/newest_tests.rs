@@ -10,6 +10,7 @@ use super::*;
 use crate::mvcc::overlay::{Layered, Overlay};
 use crate::mvcc::MvccStore;
 use crate::storage::engine::{Engine, MemEngine, WriteBatch};
+use crate::test_rng::XorShift;
 
 const KEYS: [&[u8]; 4] = [b"a", b"a\0", b"ab", b"b"];
 
@@ -32,13 +33,8 @@ fn the_cache_follows_every_committed_write() {
     let no_leases = |_: i64| false;
     // A fixed pseudo-random walk: puts, single-key and range deletes, txns that put and
     // delete the same key, and compactions, several to a batch.
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut next = move || rng.next();
     for round in 0..300u64 {
         let mut b = s.begin_apply();
         for _ in 0..(next() % 4 + 1) {

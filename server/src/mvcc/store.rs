@@ -14,6 +14,7 @@ use prost::Message;
 use super::apply::ApplyBatch;
 use super::compact::read_physical;
 use super::error::MvccError;
+use super::meta_cache::MetaCache;
 use super::newest::NewestCache;
 use super::read::{self, read_revisions};
 use super::request::{lease_keys, Request};
@@ -37,13 +38,19 @@ pub struct MvccStore<E: Engine> {
     pub(super) floors: std::collections::HashMap<Vec<u8>, Vec<u8>>,
     /// The newest record of recently used keys, for the apply path only (`newest`).
     pub(super) newest: NewestCache,
+    /// The meta records the apply path reads, as committed (`meta_cache`).
+    pub(super) meta: MetaCache,
 }
 
 /// The committed state as the apply path reads it: the engine, with the newest-record cache
-/// in front of single-key version reads (`newest`).
+/// in front of single-key version reads (`newest`) and the meta cache in front of meta reads
+/// (`meta_cache`).
 impl<E: Engine> ReadView for MvccStore<E> {
     fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, EngineError> {
-        self.engine.get(cf, key)
+        match cf {
+            Cf::Meta => self.meta.get(&self.engine, key),
+            _ => self.engine.get(cf, key),
+        }
     }
 
     fn scan(&self, cf: Cf, start: &[u8], end: Option<&[u8]>) -> KvIter<'_> {
@@ -86,6 +93,7 @@ impl<E: Engine> MvccStore<E> {
             physical,
             floors: Default::default(),
             newest: NewestCache::default(),
+            meta: MetaCache::default(),
         })
     }
 
@@ -93,6 +101,7 @@ impl<E: Engine> MvccStore<E> {
     /// (snapshot install).
     pub fn reload(&mut self) -> Result<(), MvccError> {
         self.newest.clear();
+        self.meta.clear();
         let revs = read_revisions(&self.engine)?;
         self.physical = read_physical(&self.engine, revs.compacted)?;
         self.revision = revs.current;

@@ -8,6 +8,7 @@ use super::TAIL_BYTES;
 use crate::raft::types::{log_id, Command, Entry};
 use crate::storage::log_store::LogStore;
 use crate::storage::rocks::RocksEngine;
+use crate::test_rng::XorShift;
 
 fn store() -> (tempfile::TempDir, RocksEngine, LogStore) {
     let dir = tempfile::TempDir::new().expect("temp dir");
@@ -57,25 +58,13 @@ async fn a_read_after_an_append_does_not_touch_rocksdb() {
     assert!(store.read_stored(2, &(2..5), usize::MAX).expect("disk").is_empty());
 }
 
-/// A tiny deterministic generator (xorshift), so the model test needs no seed plumbing.
-struct Gen(u64);
-
-impl Gen {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
 /// Whatever openraft does to the log (appends, truncations, purges, appends after a gap as
 /// after a snapshot install, entries large enough to overflow the tail's budget), every read
 /// answers exactly what RocksDB holds, with the same byte limit.
 #[tokio::test]
 async fn reads_through_the_tail_equal_reads_of_rocksdb() {
     let (_dir, _engine, mut store) = store();
-    let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+    let mut g = XorShift(0x9e37_79b9_7f4a_7c15);
     let (mut first, mut next, mut term) = (1u64, 1u64, 1u64);
     let mut from_memory = 0;
     for step in 0..400 {
