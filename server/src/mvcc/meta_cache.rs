@@ -5,7 +5,8 @@
 //! read per command, 2.5 % of the members' CPU under 64-client puts. Like `newest`, this cache
 //! relies on the apply path being the store's only writer while it runs:
 //! - [`crate::mvcc::ApplyBatch::commit`] hands the batch's `Cf::Meta` writes to
-//!   [`MetaCache::committed`] before the engine write and clears the cache if that write fails;
+//!   [`MetaCache::committed`] before the engine write (which updates the keys it holds) and
+//!   clears the cache if that write fails;
 //! - replacing the engine's contents (snapshot install, [`crate::mvcc::MvccStore::reload`])
 //!   opens a new store or clears it;
 //! - the state machine's own meta records (applied log id, membership) are written through the
@@ -17,7 +18,7 @@
 //! [`MAX_KEYS`] keys (meta keys are a fixed few; the bound only guards against a bug).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use crate::storage::engine::{Cf, EngineError, ReadView};
 
@@ -35,13 +36,8 @@ pub struct MetaCache {
 }
 
 impl MetaCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, Option<Vec<u8>>>> {
-        // A panic while the lock was held can only have left a partly updated map: drop it.
-        self.map.lock().unwrap_or_else(|p| {
-            let mut g = p.into_inner();
-            g.clear();
-            g
-        })
+    fn lock(&self) -> MutexGuard<'_, HashMap<Vec<u8>, Option<Vec<u8>>>> {
+        super::newest::lock_or_reset(&self.map)
     }
 
     fn insert(map: &mut HashMap<Vec<u8>, Option<Vec<u8>>>, key: &[u8], value: Option<&[u8]>) {
@@ -70,11 +66,16 @@ impl MetaCache {
         Ok(value)
     }
 
-    /// Records a committed batch's `Cf::Meta` writes (`Some` a put, `None` a delete).
+    /// Records a committed batch's `Cf::Meta` writes (`Some` a put, `None` a delete) for the
+    /// keys apply has read. Others are left out: every batch writes records apply never reads
+    /// (the applied log id, the membership), and a key not held is read from the engine, which
+    /// has the write by then.
     pub fn committed<'a>(&self, writes: impl IntoIterator<Item = (&'a [u8], Option<&'a [u8]>)>) {
         let mut g = self.lock();
         for (key, value) in writes {
-            Self::insert(&mut g, key, value);
+            if g.contains_key(key) {
+                Self::insert(&mut g, key, value);
+            }
         }
     }
 

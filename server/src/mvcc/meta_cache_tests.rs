@@ -43,7 +43,7 @@ fn checks(hits: usize) -> usize {
 }
 
 /// After the first read of a key (present or absent) the engine is not read again for it, and
-/// committed writes (puts and deletes) are what later reads answer.
+/// committed writes (puts and deletes) of the keys it holds are what later reads answer.
 #[test]
 fn a_meta_record_is_read_from_the_engine_once() {
     let view = Counting { engine: MemEngine::new(), gets: Cell::new(0) };
@@ -65,13 +65,19 @@ fn a_meta_record_is_read_from_the_engine_once() {
     assert_eq!(cache.get(&view, b"auth/revision").unwrap(), None);
     assert_eq!(view.gets.get(), 2 + checks(7), "committed writes need no engine read");
 
+    // A key apply never read is not taken in by a commit: its first read goes to the engine.
+    write(&view.engine, b"raft/last_applied", Some(b"7"));
+    cache.committed([(&b"raft/last_applied"[..], Some(&b"7"[..]))]);
+    assert_eq!(cache.get(&view, b"raft/last_applied").unwrap(), Some(b"7".to_vec()));
+    assert_eq!(view.gets.get(), 3 + checks(7));
+
     // Too large to keep: read each time.
     let big = vec![7u8; MAX_RECORD_BYTES + 1];
     write(&view.engine, b"big", Some(&big));
     cache.committed([(&b"big"[..], Some(big.as_slice()))]);
     assert_eq!(cache.get(&view, b"big").unwrap(), Some(big.clone()));
     assert_eq!(cache.get(&view, b"big").unwrap(), Some(big));
-    assert_eq!(view.gets.get(), 4 + checks(7));
+    assert_eq!(view.gets.get(), 5 + checks(7));
 }
 
 /// Batches that put, delete and read meta records (and write the MVCC counters, as every

@@ -28,7 +28,7 @@
 //! it holds more than [`BUDGET_BYTES`]; a miss only costs the engine read it replaces.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 use super::keys;
 use crate::storage::engine::{Cf, EngineError, Pair, ReadView};
@@ -56,19 +56,23 @@ pub struct NewestCache {
     inner: Mutex<Inner>,
 }
 
+/// Locks an apply-path cache. A panic while the lock was held can only have left it partly
+/// updated: it starts over empty (a miss only costs the engine read it replaces).
+pub(super) fn lock_or_reset<T: Default>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| {
+        let mut g = p.into_inner();
+        *g = T::default();
+        g
+    })
+}
+
 fn size(enc: &[u8], rec: &Option<Record>) -> usize {
     enc.len() + rec.as_ref().map_or(0, |(k, v)| k.len() + v.len())
 }
 
 impl NewestCache {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // A panic while the lock was held can only have left a partly updated map: drop it.
-        self.inner.lock().unwrap_or_else(|p| {
-            let mut g = p.into_inner();
-            g.map.clear();
-            g.bytes = 0;
-            g
-        })
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        lock_or_reset(&self.inner)
     }
 
     /// Forgets everything (the engine's contents were replaced).
