@@ -53,8 +53,6 @@ pub fn read_revisions(view: &dyn ReadView) -> Result<Revisions, MvccError> {
 /// the newest record with revision `<= at_rev`, unless that record is a tombstone. Yields the
 /// raw `KeyValue` bytes.
 pub struct Visible<'v> {
-    view: &'v dyn ReadView,
-    end: Option<Vec<u8>>,
     at_rev: i64,
     inner: KvIter<'v>,
     /// Encoded user key of the record last looked at, and whether its visible version (or
@@ -66,7 +64,7 @@ pub struct Visible<'v> {
 impl<'v> Visible<'v> {
     pub fn new(view: &'v dyn ReadView, start: &[u8], end: Option<Vec<u8>>, at_rev: i64) -> Self {
         let inner = view.scan(Cf::Kv, start, end.as_deref());
-        Self { view, end, at_rev, inner, current: None, skipped: 0 }
+        Self { at_rev, inner, current: None, skipped: 0 }
     }
 
     /// Live versions of the keys selected by an etcd `(key, range_end)` pair.
@@ -76,7 +74,7 @@ impl<'v> Visible<'v> {
     }
 
     fn reseek(&mut self, from: &[u8]) {
-        self.inner = self.view.scan(Cf::Kv, from, self.end.as_deref());
+        self.inner.seek(from);
         self.skipped = 0;
     }
 }

@@ -29,12 +29,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBRecoveryMode, Direction,
-    ErrorKind, IteratorMode, Options, ReadOptions, SnapshotWithThreadMode, WriteOptions, DB,
+    BlockBasedOptions, Cache, ColumnFamily, ColumnFamilyDescriptor, DBRawIteratorWithThreadMode,
+    DBRecoveryMode, ErrorKind, IteratorMode, Options, ReadOptions, SnapshotWithThreadMode,
+    WriteOptions, DB,
 };
 use thiserror::Error;
 
-use super::engine::{Cf, Engine, EngineError, KvIter, ReadView, WriteBatch, WriteOp};
+use super::engine::{Cf, Cursor, Engine, EngineError, KvIter, ReadView, WriteBatch, WriteOp};
 
 /// A RocksDB-backed [`Engine`]. Clones share the same open database.
 #[derive(Clone)]
@@ -265,13 +266,55 @@ fn read_opts(end: Option<&[u8]>) -> ReadOptions {
     ro
 }
 
-fn box_iter<'a, I>(it: I) -> KvIter<'a>
-where
-    I: Iterator<Item = Result<(Box<[u8]>, Box<[u8]>), rocksdb::Error>> + 'a,
-{
-    Box::new(it.map(|r| {
-        r.map(|(k, v)| (k.into_vec(), v.into_vec())).map_err(|e| EngineError::backend("scan", e))
-    }))
+/// A scan over one RocksDB iterator, which [`Cursor::seek`] moves in place.
+struct RawCursor<'a> {
+    it: DBRawIteratorWithThreadMode<'a, DB>,
+    start: Vec<u8>,
+    /// The iterator stands on a pair not yielded yet (just after a seek).
+    fresh: bool,
+    /// An error was yielded: the stream is over.
+    failed: bool,
+}
+
+impl<'a> RawCursor<'a> {
+    fn new(mut it: DBRawIteratorWithThreadMode<'a, DB>, start: &[u8]) -> Box<Self> {
+        it.seek(start);
+        Box::new(Self { it, start: start.to_vec(), fresh: true, failed: false })
+    }
+}
+
+impl Iterator for RawCursor<'_> {
+    type Item = Result<(Vec<u8>, Vec<u8>), EngineError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        if !std::mem::take(&mut self.fresh) {
+            self.it.next();
+        }
+        match self.it.item() {
+            Some((k, v)) => Some(Ok((k.to_vec(), v.to_vec()))),
+            // Not valid: the end of the range, or an error the iterator holds.
+            None => match self.it.status() {
+                Ok(()) => None,
+                Err(e) => {
+                    self.failed = true;
+                    Some(Err(EngineError::backend("scan", e)))
+                }
+            },
+        }
+    }
+}
+
+impl Cursor for RawCursor<'_> {
+    fn seek(&mut self, key: &[u8]) {
+        if self.failed {
+            return;
+        }
+        self.it.seek(key.max(self.start.as_slice()));
+        self.fresh = true;
+    }
 }
 
 /// A consistent view of a [`RocksEngine`], backed by a RocksDB snapshot.
@@ -288,12 +331,10 @@ impl ReadView for RocksView<'_> {
     }
 
     fn scan(&self, cf: Cf, start: &[u8], end: Option<&[u8]>) -> KvIter<'_> {
-        let it = self.snap.iterator_cf_opt(
-            self.engine.cf_handle(cf),
-            read_opts(end),
-            IteratorMode::From(start, Direction::Forward),
-        );
-        box_iter(it)
+        RawCursor::new(
+            self.snap.raw_iterator_cf_opt(self.engine.cf_handle(cf), read_opts(end)),
+            start,
+        )
     }
 }
 
@@ -303,12 +344,7 @@ impl ReadView for RocksEngine {
     }
 
     fn scan(&self, cf: Cf, start: &[u8], end: Option<&[u8]>) -> KvIter<'_> {
-        let it = self.db.iterator_cf_opt(
-            self.cf_handle(cf),
-            read_opts(end),
-            IteratorMode::From(start, Direction::Forward),
-        );
-        box_iter(it)
+        RawCursor::new(self.db.raw_iterator_cf_opt(self.cf_handle(cf), read_opts(end)), start)
     }
 }
 
