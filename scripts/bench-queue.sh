@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # The queue against the queue people use (issue 20): enqueue -> claim -> ack cycles per second,
 # 1 and 16 workers, against a three-member Picket cluster (picket.v1.Queue, `picket-bench
-# --workload queue-cycle`) and a three-node RabbitMQ cluster (Debian's rabbitmq-server 3.10; a
-# durable quorum queue with publisher confirms, persistent messages, prefetch 1 and manual acks:
-# `--workload amqp-cycle`), both on loopback. Usage: scripts/bench-queue.sh [seconds] [rounds]
+# --workload queue-overlap`: a worker's enqueue and its ack-and-claim in flight together, as a
+# RabbitMQ worker's unanswered ack overlaps its next publish; QUEUE_WORKLOAD=queue-cycle runs
+# the two calls one after the other, as before 2026-12-03) and a three-node RabbitMQ cluster
+# (Debian's rabbitmq-server 3.10; a durable quorum queue with publisher confirms, persistent
+# messages, prefetch 1 and manual acks: `--workload amqp-cycle`), both on loopback.
+# Usage: scripts/bench-queue.sh [seconds] [rounds]
 #
 # Every round runs 1 and 16 workers against Picket, then against RabbitMQ, each on a fresh queue
-# (a new name per round and size; amqp-cycle also deletes its queue at the end). Each worker has
+# (a new name per round and size; amqp-cycle also deletes its queue at the end) that starts with
+# one job (message) per worker, enqueued before the window (QUEUE_PREFILL=N sets another number;
+# 0 starts empty, as before 2026-12-03): a worker then always finds a job, whichever of its two
+# overlapped calls reaches the leader first. Each worker has
 # its own connection, spread over the three members/nodes round-robin. At the end a summary
 # table gives, per row, the median over the rounds of cycles/s with the spread (min-max), the
 # Picket/RabbitMQ ratio of the medians, p50 and p99, the servers' CPU per cycle (user + system
@@ -30,6 +36,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-10}"
 rounds="${2:-1}"
+queue_workload="${QUEUE_WORKLOAD:-queue-overlap}"
+prefill="${QUEUE_PREFILL:-}"
+case "$queue_workload" in
+  queue-overlap | queue-cycle) ;;
+  *) echo "QUEUE_WORKLOAD must be queue-overlap or queue-cycle, not '$queue_workload'" >&2; exit 2 ;;
+esac
 # bench_prelude (setup, build, bin, picketd, bench, root, pids, results) and sample_rss.
 . scripts/bench-lib.sh
 bench_prelude picket-bench-queue
@@ -170,7 +182,7 @@ run() { # kind workers
   local kind=$1 n=$2 line rss_pid rss p args
   if [ "$kind" = picket ]; then
     p=("${picket_pids[@]}")
-    args=(--workload queue-cycle --endpoints "$picket_eps")
+    args=(--workload "$queue_workload" --endpoints "$picket_eps")
   else
     p=("${rabbit_pids[@]}")
     args=(--workload amqp-cycle --amqp-uri "$amqp_uris")
@@ -181,7 +193,7 @@ run() { # kind workers
   rss_pid=$!
   pids+=("$rss_pid")
   line=$("$bench" "${args[@]}" --queue "bench-r$r-w$n" --clients "$n" --conns "$n" \
-    --value-size 64 --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" 2>"$root/bench.err") \
+    --value-size 64 --prefill "${prefill:-$n}" --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" 2>"$root/bench.err") \
     || line="failed (exit $?): $(tail -1 "$root/bench.err")"
   kill "$rss_pid" 2>/dev/null || true
   wait "$rss_pid" 2>/dev/null || true
@@ -189,7 +201,7 @@ run() { # kind workers
   echo "$line rss_kib=$rss"
   printf '%s\t%s\t%s\t%s\t%s\n' "$r" "cycle-$n" "$kind" "$line" "$rss" >>"$results"
 }
-echo "# picketd: $picketd ($(stat -c %y "$picketd" | cut -d. -f1)) ${picket_flags[*]}; RabbitMQ: $(ctl 1 -q eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"'), Erlang $(ctl 1 -q eval 'erlang:system_info(otp_release).' 2>/dev/null | tr -d '"')"
+echo "# picketd: $picketd ($(stat -c %y "$picketd" | cut -d. -f1)) ${picket_flags[*]}; workload $queue_workload, prefill ${prefill:-one per worker}; RabbitMQ: $(ctl 1 -q eval 'rabbit_misc:version().' 2>/dev/null | tr -d '"'), Erlang $(ctl 1 -q eval 'erlang:system_info(otp_release).' 2>/dev/null | tr -d '"')"
 for r in $(seq "$rounds"); do
   echo "# round $r (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
   for n in 1 16; do

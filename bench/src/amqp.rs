@@ -57,14 +57,15 @@ pub struct Setup {
 }
 
 /// Connects `conns` connections over `uris` round-robin, declares `queue` as a durable quorum
-/// queue (purging what an earlier run left in it), and makes `workers` workers on the
-/// connections round-robin.
+/// queue (purging what an earlier run left in it), publishes `prefill` persistent messages
+/// (each confirmed), and makes `workers` workers on the connections round-robin.
 pub async fn workers(
     uris: &[String],
     conns: usize,
     workers: usize,
     queue: &str,
     payload_size: usize,
+    prefill: usize,
 ) -> Result<(Setup, Vec<AmqpWorker>)> {
     let mut connections = Vec::new();
     for i in 0..conns.max(1) {
@@ -82,6 +83,19 @@ pub async fn workers(
     let durable = QueueDeclareOptions { durable: true, ..Default::default() };
     setup.queue_declare(queue.clone(), durable, args).await.context("declaring the queue")?;
     setup.queue_purge(queue.clone(), QueuePurgeOptions::default()).await?;
+    if prefill > 0 {
+        setup.confirm_select(ConfirmSelectOptions::default()).await?;
+        let payload = vec![b'x'; payload_size];
+        for _ in 0..prefill {
+            let props = BasicProperties::default().with_delivery_mode(PERSISTENT);
+            let opts = BasicPublishOptions::default();
+            let confirm =
+                setup.basic_publish("".into(), queue.clone(), opts, &payload, props).await?.await?;
+            if !confirm.is_ack() {
+                bail!("a prefill publish was nacked");
+            }
+        }
+    }
     setup.close(200, "declared".into()).await?;
     let mut out = Vec::new();
     for i in 0..workers {

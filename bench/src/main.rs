@@ -1,9 +1,9 @@
 //! `picket-bench`: drives any etcd-API endpoint list with N clients for a fixed time and prints
 //! ops/s and latency percentiles (issue 9's workloads). It talks only the etcd API, so the same
 //! run can target etcd for comparison. Lease workloads live in [`lease`], the watch latency
-//! workload in [`watch`]. The queue workloads are the exception: `queue-cycle` ([`queue`]) speaks
-//! Picket's own `picket.v1.Queue`, and `amqp-cycle` ([`amqp`]) the same cycle over AMQP 0-9-1
-//! against RabbitMQ; both run in [`cycle`]'s loop.
+//! workload in [`watch`]. The queue workloads are the exception: `queue-cycle` and
+//! `queue-overlap` ([`queue`]) speak Picket's own `picket.v1.Queue`, and `amqp-cycle`
+//! ([`amqp`]) the same cycle over AMQP 0-9-1 against RabbitMQ; all run in [`cycle`]'s loop.
 
 mod amqp;
 mod cpu;
@@ -54,6 +54,9 @@ enum Workload {
     /// Picket's work queue: each client, with a lease of its own, enqueues a `--value-size`
     /// payload on `--queue`, claims a job and acks it; reports full cycles.
     QueueCycle,
+    /// The same cycle with the enqueue and the ack-and-claim in flight together, as a RabbitMQ
+    /// worker's unanswered ack overlaps its next publish (see the `queue` module docs).
+    QueueOverlap,
     /// The same cycle against RabbitMQ (`--amqp-uri`): a durable quorum queue, a persistent
     /// publish waiting for its publisher confirm, a delivery (prefetch 1) and its manual ack.
     AmqpCycle,
@@ -97,10 +100,14 @@ struct Args {
     /// watch: puts per second.
     #[arg(long, default_value_t = 50)]
     put_rate: u64,
-    /// queue-cycle, amqp-cycle: the queue's name (amqp-cycle declares it, purges it first and
+    /// queue-cycle, queue-overlap, amqp-cycle: the queue's name (amqp-cycle declares it, purges it first and
     /// deletes it at the end).
     #[arg(long, default_value = "bench")]
     queue: String,
+    /// queue-cycle, queue-overlap, amqp-cycle: jobs (messages) put on the queue before the
+    /// window, so it starts with a backlog rather than empty.
+    #[arg(long, default_value_t = 0)]
+    prefill: usize,
     /// amqp-cycle: comma-separated AMQP URIs, one per RabbitMQ node; connections are spread
     /// over them round-robin.
     #[arg(long, value_delimiter = ',', default_value = "amqp://127.0.0.1:5672/%2f")]
@@ -127,9 +134,11 @@ async fn main() -> Result<()> {
     // The queue workloads set up their own clients (no etcd client, and for amqp-cycle no etcd
     // endpoint at all) before the clock starts.
     match args.workload {
-        Workload::QueueCycle => {
+        Workload::QueueCycle | Workload::QueueOverlap => {
             let (n, size) = (args.clients, args.value_size);
-            let w = queue::workers(&endpoints, args.conns, n, &args.queue, size, window).await?;
+            let overlap = matches!(args.workload, Workload::QueueOverlap);
+            let shape = queue::Shape { payload_size: size, window, overlap, prefill: args.prefill };
+            let w = queue::workers(&endpoints, args.conns, n, &args.queue, shape).await?;
             let m = cycle::drive(w, window, &cpu::CpuMeter::new(args.cpu_pids.clone())).await?;
             m.print(args.workload, args.clients, args.conns);
             return Ok(());
@@ -137,7 +146,8 @@ async fn main() -> Result<()> {
         Workload::AmqpCycle => {
             let (n, size) = (args.clients, args.value_size);
             let (setup, w) =
-                amqp::workers(&args.amqp_uri, args.conns, n, &args.queue, size).await?;
+                amqp::workers(&args.amqp_uri, args.conns, n, &args.queue, size, args.prefill)
+                    .await?;
             let m = cycle::drive(w, window, &cpu::CpuMeter::new(args.cpu_pids.clone())).await?;
             setup.teardown().await;
             m.print(args.workload, args.clients, args.conns);
@@ -228,6 +238,7 @@ async fn main() -> Result<()> {
                         Workload::LeaseHold
                         | Workload::Watch
                         | Workload::QueueCycle
+                        | Workload::QueueOverlap
                         | Workload::AmqpCycle => Ok(()),
                         Workload::LockContended | Workload::LockUncontended => {
                             match c

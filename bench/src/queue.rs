@@ -16,6 +16,19 @@
 //! So every cycle after a worker's first completes one job and takes one, as a RabbitMQ
 //! consumer's ack makes room for its next delivery (prefetch 1). The job a worker holds when the
 //! window ends is left to its lease, which the worker revokes.
+//!
+//! **`queue-overlap`** is the same cycle with its two calls in flight together: the enqueue is
+//! sent first and the ack-and-claim right behind it on the same connection, and the cycle ends
+//! when both have answered. That is the overlap a RabbitMQ worker has ([`crate::amqp`]): its
+//! `basic.ack` is not answered, so the queue settles it and pushes the worker's next delivery
+//! while the worker's next publish is already in flight. Nothing is given up for it: the two
+//! calls are independent (a new job, and the end of a held one), each still answers only once
+//! committed, and the claim still takes the queue's oldest ready job. The two can reach the
+//! leader in either order (a member's runtime often starts the later stream's handler first), so
+//! on an empty queue a claim may be applied before its own worker's enqueue, find nothing, and
+//! propose again once the job is there: one more write, time not correctness. `--prefill` (one
+//! job per worker in `scripts/bench-queue.sh`, for RabbitMQ too) starts the queue with a backlog,
+//! so a claim always finds a job.
 
 use std::time::Duration;
 
@@ -45,18 +58,33 @@ pub struct QueueWorker {
     payload: Vec<u8>,
     /// The job claimed by the previous cycle, acked by the next one.
     held: Option<ClaimedJob>,
+    /// `queue-overlap`: the enqueue and the ack-and-claim in flight together.
+    overlap: bool,
+}
+
+/// How the workers of a run cycle.
+pub struct Shape {
+    /// Bytes of each job's payload.
+    pub payload_size: usize,
+    /// The measured window (the workers' leases outlive it).
+    pub window: Duration,
+    /// `queue-overlap`: the enqueue and the ack-and-claim in flight together.
+    pub overlap: bool,
+    /// Jobs enqueued before the window.
+    pub prefill: usize,
 }
 
 /// Opens `conns` connections spread over `endpoints` (one endpoint per connection, as the etcd
-/// workloads do) and makes `workers` workers on them round-robin, each with a lease of its own.
+/// workloads do) and makes `workers` workers on them round-robin, each with a lease of its own;
+/// then enqueues `shape.prefill` jobs.
 pub async fn workers(
     endpoints: &[String],
     conns: usize,
     workers: usize,
     name: &str,
-    payload_size: usize,
-    window: Duration,
+    shape: Shape,
 ) -> Result<Vec<QueueWorker>> {
+    let Shape { payload_size, window, overlap, prefill } = shape;
     let mut channels = Vec::new();
     for i in 0..conns.max(1) {
         let ep = &endpoints[i % endpoints.len()];
@@ -85,7 +113,18 @@ pub async fn workers(
             lease,
             payload: vec![b'x'; payload_size],
             held: None,
+            overlap,
         });
+    }
+    if let Some(w) = out.first_mut() {
+        for _ in 0..prefill {
+            let job = EnqueueRequest {
+                queue: name.to_string(),
+                payload: w.payload.clone(),
+                ..Default::default()
+            };
+            w.queue.enqueue(job).await.context("prefilling the queue")?;
+        }
     }
     Ok(out)
 }
@@ -97,7 +136,6 @@ impl Worker for QueueWorker {
             payload: self.payload.clone(),
             ..Default::default()
         };
-        self.queue.enqueue(enqueue).await?;
         let claim = ClaimRequest {
             queue: self.name.clone(),
             lease: self.lease,
@@ -112,9 +150,24 @@ impl Worker for QueueWorker {
                     token: job.token,
                     claim_next: Some(claim),
                 };
-                self.queue.ack(ack).await?.into_inner().next
+                if self.overlap {
+                    // Two clients over one channel: two HTTP/2 streams of one connection.
+                    // `try_join!` polls the enqueue first, so its request leaves first.
+                    let mut second = self.queue.clone();
+                    let (_, acked) =
+                        tokio::try_join!(self.queue.enqueue(enqueue), second.ack(ack))?;
+                    acked.into_inner().next
+                } else {
+                    self.queue.enqueue(enqueue).await?;
+                    self.queue.ack(ack).await?.into_inner().next
+                }
             }
-            None => self.queue.claim(claim).await?.into_inner().job,
+            None => {
+                // The first cycle claims only after its enqueue answered, so every worker's
+                // first claim finds a job.
+                self.queue.enqueue(enqueue).await?;
+                self.queue.claim(claim).await?.into_inner().job
+            }
         };
         let Some(job) = next else {
             bail!("no job became ready within {CLAIM_WAIT_MS} ms");

@@ -399,3 +399,49 @@ fn ack_claims_of_two_workers_in_one_entry_get_different_jobs() {
         .collect();
     assert_eq!(got, ["c", "d"]);
 }
+
+/// A claim reads the index a page at a time: it passes every job in flight ahead of it across
+/// page boundaries and takes the jobs in FIFO order, none skipped at a page's edge.
+#[test]
+fn claims_pass_jobs_in_flight_across_pages() {
+    let mut s = State::new();
+    let n = 2 * CLAIM_PAGE + 19;
+    for i in 0..n {
+        s.enqueue(&format!("j{i:04}"), 100 + i as u64, 5);
+    }
+    let mut got = Vec::new();
+    for _ in 0..n / 20 + 1 {
+        let out = s.apply((0..20).map(|_| claim(1, 1_000)).collect());
+        for o in out {
+            match o {
+                Ok(Outcome::Claimed(j)) => got.push(j.job_id),
+                Ok(Outcome::Empty(e)) => assert_eq!(e.wake_at_ms, 0, "nothing else waits"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+    let want: Vec<String> = (0..n).map(|i| format!("j{i:04}")).collect();
+    assert_eq!(got, want, "every job once, in FIFO order, none skipped at a page's edge");
+    // One more job, behind all of them in flight (three pages' worth), is the next claim's.
+    s.enqueue("late", 10_000, 5);
+    assert_eq!(claimed(s.one(claim(2, 20_000))).job_id, "late");
+}
+
+/// A delayed job behind jobs in flight stops the scan of its priority band: the claim answers
+/// nothing yet, due at that job's ready time.
+#[test]
+fn a_delayed_job_behind_jobs_in_flight_ends_the_claim_with_its_ready_time() {
+    let mut s = State::new();
+    let in_flight = 21;
+    for i in 0..in_flight {
+        s.enqueue(&format!("j{i:04}"), 100 + i as u64, 5);
+    }
+    s.enqueue("delayed", 50_000, 5);
+    for _ in 0..in_flight {
+        claimed(s.one(claim(1, 1_000)));
+    }
+    match s.one(claim(2, 1_000)) {
+        Ok(Outcome::Empty(e)) => assert_eq!(e.wake_at_ms, 50_000),
+        other => panic!("expected nothing yet, got {other:?}"),
+    }
+}
