@@ -12,8 +12,8 @@
 # (a new name per round and size; amqp-cycle also deletes its queue at the end) that starts with
 # one job (message) per worker, enqueued before the window (QUEUE_PREFILL=N sets another number;
 # 0 starts empty, as before 2026-12-03): a worker then always finds a job, whichever of its two
-# overlapped calls reaches the leader first. Each worker has
-# its own connection, spread over the three members/nodes round-robin. At the end a summary
+# overlapped calls reaches the leader first. Each worker has its own connection, spread over
+# the three members/nodes round-robin. At the end a summary
 # table gives, per row, the median over the rounds of cycles/s with the spread (min-max), the
 # Picket/RabbitMQ ratio of the medians, p50 and p99, the servers' CPU per cycle (user + system
 # time of the three picketd processes or the three beam.smp processes over the measured window,
