@@ -17,6 +17,7 @@ use prost::Message;
 
 use super::compact::{self, DELETES_PER_STEP};
 use super::error::MvccError;
+use super::follow::Follower;
 use super::keys;
 use super::overlay::{Layered, Overlay};
 use super::request::{header, Request};
@@ -106,6 +107,10 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
                     }
                 }
             }
+            // Followers hear of the request before any later one runs (`follow`).
+            if !self.store.followers.is_empty() {
+                self.store.followers.follow(&changes);
+            }
             let rev = self.revision + 1;
             let record = RevisionEvents { events: changes.clone() };
             layer.put(Cf::Changelog, keys::changelog_key(rev).to_vec(), record.encode_to_vec());
@@ -192,6 +197,21 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
         if floor.as_slice() >= prefix {
             self.store.floors.insert(prefix.to_vec(), floor);
         }
+    }
+
+    /// The follower of `prefix` (see [`super::follow`]), made by `make` if this store has
+    /// none yet. It hears of every write under `prefix` from the next request on, this batch's
+    /// included.
+    pub fn follower<T: Follower>(&mut self, prefix: &[u8], make: impl FnOnce() -> T) -> &mut T {
+        self.store.followers.get_or_insert(prefix, make)
+    }
+
+    /// Forgets every scan floor and follower, as a member that just opened the store has none:
+    /// tests run each command with and without them and compare.
+    #[cfg(test)]
+    pub(crate) fn forget_hints(&mut self) {
+        self.store.floors.clear();
+        self.store.followers.clear();
     }
 
     /// etcd Compact: records the new compaction point, from which on reads below it are

@@ -35,6 +35,7 @@
 //! # Files
 //! - [`keys`]: byte layouts. [`overlay`]: in-memory write layers over an engine view.
 //! - `newest`, `meta_cache`: what the apply path read or wrote, kept as committed.
+//! - [`follow`]: in-memory state that follows the writes under a prefix (a queue's claimed run).
 //! - [`read`]: visible versions and etcd Range. [`compare`]: txn guards.
 //! - `request`: Put, DeleteRange and lease revocation inside one request.
 //! - `txn`: etcd's Txn order (compares, checks, ops). `compact`: incremental compaction.
@@ -45,6 +46,7 @@ pub mod apply;
 mod compact;
 pub mod compare;
 pub mod error;
+pub mod follow;
 pub mod hash;
 pub mod keys;
 mod meta_cache;

@@ -14,6 +14,7 @@ use prost::Message;
 use super::apply::ApplyBatch;
 use super::compact::read_physical;
 use super::error::MvccError;
+use super::follow::Followers;
 use super::meta_cache::MetaCache;
 use super::newest::NewestCache;
 use super::read::{self, read_revisions};
@@ -36,6 +37,9 @@ pub struct MvccStore<E: Engine> {
     /// (see [`crate::mvcc::ApplyBatch::scan_floor`]). This member's own, never replicated and
     /// empty at open.
     pub(super) floors: std::collections::HashMap<Vec<u8>, Vec<u8>>,
+    /// State beside the store that follows the writes under a prefix (`follow`). This
+    /// member's own, never replicated and empty at open.
+    pub(super) followers: Followers,
     /// The newest record of recently used keys, for the apply path only (`newest`).
     pub(super) newest: NewestCache,
     /// The meta records the apply path reads, as committed (`meta_cache`).
@@ -92,6 +96,7 @@ impl<E: Engine> MvccStore<E> {
             compacted: revs.compacted,
             physical,
             floors: Default::default(),
+            followers: Followers::default(),
             newest: NewestCache::default(),
             meta: MetaCache::default(),
         })
@@ -102,6 +107,9 @@ impl<E: Engine> MvccStore<E> {
     pub fn reload(&mut self) -> Result<(), MvccError> {
         self.newest.clear();
         self.meta.clear();
+        // What a scan learned of the old contents says nothing of the new.
+        self.floors.clear();
+        self.followers.clear();
         let revs = read_revisions(&self.engine)?;
         self.physical = read_physical(&self.engine, revs.compacted)?;
         self.revision = revs.current;

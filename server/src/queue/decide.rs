@@ -15,10 +15,11 @@
 //! job is then claimable) and a job that used its attempts is dead-lettered, each its own
 //! revision, at most [`MAX_FIXES`] per command so one command's work stays bounded.
 //!
-//! A claim's work is proportional to the jobs it passes (in flight or delayed ahead of the
-//! first ready one), not to the queue's history: the index is scanned from a scan floor
-//! (`ApplyBatch::scan_floor`) past the entries of finished jobs, each passed entry's claim is
-//! one point read, and a retried request id is looked up among the lease's own keys.
+//! A claim's work is proportional to the jobs it passes (delayed ahead of the first ready one,
+//! or in flight and not yet known to be), not to the queue's history: the index is scanned
+//! from a scan floor (`ApplyBatch::scan_floor`) past the entries of finished jobs and from the
+//! end of the claimed run ([`super::run`]) past the jobs in flight, each passed entry's claim
+//! is one point read, and a retried request id is looked up among the lease's own keys.
 
 use picket_proto::etcdserverpb::response_op::Response as OpResp;
 use picket_proto::etcdserverpb::{RangeRequest, TxnRequest, TxnResponse};
@@ -36,6 +37,7 @@ use picket_proto::picket::v1::{
 use picket_proto::prefix_end;
 use prost::Message;
 
+use super::run::{ClaimedRun, Passed};
 use super::{keys, txns};
 use crate::mvcc::{ApplyBatch, LeaseLookup, MvccError};
 use crate::storage::engine::Engine;
@@ -214,26 +216,56 @@ fn pick<E: Engine>(
 
     // The claim-order index, live entries only, from the scan floor: the index of a busy queue
     // is mostly deleted entries (every finished job leaves its history until a compaction), and
-    // a scan from the prefix would pass all of them on every claim.
+    // a scan from the prefix would pass all of them on every claim. Past the floor come the
+    // jobs in flight; the claimed run ([`ClaimedRun`]) says where they end, if it holds now.
     let prefix = keys::pending_prefix(queue);
     let end = prefix_end(&prefix);
-    let mut start = b.scan_floor(&prefix).unwrap_or_else(|| prefix.clone());
-    for page_no in 0..CLAIM_PAGES {
-        let page = b.live(&start, &end, CLAIM_PAGE)?;
-        if page_no == 0 {
+    let owner = keys::queue_prefix(queue);
+    let hint = b.follower(&owner, || ClaimedRun::new(queue)).start(now_ms);
+    let floor = b.scan_floor(&prefix);
+    let (mut start, before) = match &hint {
+        Some(r) => {
+            if let Some(w) = r.wake {
+                note(w);
+            }
+            if let Some(first) = r.first.as_ref().filter(|f| floor.as_ref() != Some(*f)) {
+                // The run's first entry is the first live one past the floor.
+                b.set_scan_floor(&prefix, first.clone());
+            }
+            (floor.filter(|f| *f > r.end).unwrap_or_else(|| r.end.clone()), r.len)
+        }
+        None => (floor.unwrap_or_else(|| prefix.clone()), 0),
+    };
+    // A scan from the floor would have passed `before` live entries (the run) by here: its
+    // pages continue where they would be, so the page budget ends where it always did.
+    let mut page_no = before / CLAIM_PAGE;
+    let mut limit = CLAIM_PAGE - before % CLAIM_PAGE;
+    // What this scan learns for the run: every live entry it passes (claimed, not expiring)
+    // until the first it does not (`broke`).
+    let mut passed: Vec<Passed> = Vec::new();
+    let mut broke: Option<Vec<u8>> = None;
+    let reached = loop {
+        if page_no >= CLAIM_PAGES {
+            break start;
+        }
+        let page = b.live(&start, &end, limit)?;
+        if before == 0 && page_no == 0 {
             // Nothing live below here: the next scan may start at the first live key (or, with
             // none, at the end, until a put lowers the floor again).
             let floor = page.first().map_or_else(|| end.clone(), |kv| kv.key.clone());
             b.set_scan_floor(&prefix, floor);
         }
         // A full page may have more after it; a short one read to the end of the index.
-        let mut next = (page.len() >= CLAIM_PAGE).then(|| page.last()).flatten().map(|kv| {
+        let mut next = (page.len() >= limit).then(|| page.last()).flatten().map(|kv| {
             let mut k = kv.key.clone();
             k.push(0);
             k
         });
         for kv in &page {
-            let Some(pk) = keys::parse_pending_key(queue, &kv.key) else { continue };
+            let Some(pk) = keys::parse_pending_key(queue, &kv.key) else {
+                breaks(&mut broke, &kv.key);
+                continue;
+            };
             // The entry as the page read it: nothing in this command wrote it since (a reap
             // below deletes only the claim key), so no second read.
             let rec: QueuePendingRecord = decode(kv)?;
@@ -241,20 +273,29 @@ fn pick<E: Engine>(
                 // The band sorts by ready time, so the rest of it is later still (or stamped by
                 // a clock running ahead, which `waiting` bounds): skip to the next band.
                 note(pk.ready_at_ms);
+                breaks(&mut broke, &kv.key);
                 next = Some(prefix_end(&keys::band_prefix(queue, pk.priority)));
                 break;
             }
             if let Some(claim) = get(b, keys::claim_key(queue, &pk.id))? {
                 let rec: QueueClaimRecord = decode(&claim)?;
-                if rec.deadline_ms == 0 {
-                    continue;
-                }
-                if rec.deadline_ms > now_ms {
-                    note(rec.deadline_ms);
+                if rec.deadline_ms == 0 || rec.deadline_ms > now_ms {
+                    if rec.deadline_ms > 0 {
+                        note(rec.deadline_ms);
+                    }
+                    if broke.is_none() {
+                        passed.push(Passed {
+                            key: kv.key.clone(),
+                            id: pk.id,
+                            ready_at_ms: pk.ready_at_ms,
+                            deadline_ms: rec.deadline_ms,
+                        });
+                    }
                     continue;
                 }
                 if fixes >= MAX_FIXES {
                     note(now_ms);
+                    breaks(&mut broke, &kv.key);
                     continue;
                 }
                 // Past its visibility deadline: the job is claimable again (a takeover; the old
@@ -266,6 +307,7 @@ fn pick<E: Engine>(
             if rec.attempts >= max {
                 if fixes >= MAX_FIXES {
                     note(now_ms);
+                    breaks(&mut broke, &kv.key);
                     continue;
                 }
                 let reason =
@@ -306,6 +348,18 @@ fn pick<E: Engine>(
                     .into())
                 }
             };
+            let run_end = broke.unwrap_or_else(|| {
+                passed.push(Passed {
+                    key: kv.key.clone(),
+                    id: pk.id.clone(),
+                    ready_at_ms: pk.ready_at_ms,
+                    deadline_ms,
+                });
+                let mut k = kv.key.clone();
+                k.push(0);
+                k
+            });
+            b.follower(&owner, || ClaimedRun::new(queue)).extend(hint.as_ref(), passed, run_end);
             return Ok(Next::Claimed(ClaimedJob {
                 job_id: pk.id,
                 payload: job.payload,
@@ -317,12 +371,23 @@ fn pick<E: Engine>(
                 deadline_ms,
             }));
         }
+        page_no += 1;
+        limit = CLAIM_PAGE;
         match next {
             Some(n) => start = n,
-            None => break,
+            None => break end.clone(),
         }
-    }
+    };
+    let run_end = broke.unwrap_or(reached);
+    b.follower(&owner, || ClaimedRun::new(queue)).extend(hint.as_ref(), passed, run_end);
     Ok(Next::Empty(QueueEmpty { revision: b.revision(), wake_at_ms: wake.unwrap_or(0) }))
+}
+
+/// Where a claim's scan first passed an entry it did not leave claimed: the run ends there.
+fn breaks(broke: &mut Option<Vec<u8>>, at: &[u8]) {
+    if broke.is_none() {
+        *broke = Some(at.to_vec());
+    }
 }
 
 /// A retry of a Claim that was applied but whose answer was lost: the claim this lease holds in

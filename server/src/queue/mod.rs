@@ -86,6 +86,7 @@
 pub mod decide;
 pub mod keys;
 pub mod ops;
+pub mod run;
 pub mod txns;
 pub mod validate;
 
