@@ -45,3 +45,49 @@ bench_prelude() { # temp-dir-name
   results="$root/results.tsv"
   picket_flags=(--runtime-threads "${PICKET_RUNTIME_THREADS:-1}")
 }
+
+# Drops the given PIDs from `pids` once they have been reaped: the kernel may hand a reaped PID
+# to an unrelated process, which cleanup must not kill.
+forget() { # pid...
+  local keep=() p q
+  for p in "${pids[@]}"; do
+    for q in "$@"; do [ "$p" = "$q" ] && continue 2; done
+    keep+=("$p")
+  done
+  pids=("${keep[@]}")
+}
+# True once process $1 has exited: gone from /proc, or a zombie (state Z), which has already
+# closed its sockets and freed its memory and only waits to be reaped. `kill -0` cannot tell:
+# it succeeds on a zombie.
+exited() { # pid
+  local st
+  st=$(sed -n 's/^.*) \(.\).*/\1/p' "/proc/$1/stat" 2>/dev/null) || return 0
+  [ -z "$st" ] || [ "$st" = Z ]
+}
+# Kills the given members by PID (SIGKILL: their data is about to be removed, so there is
+# nothing to shut down cleanly), waits until each has exited (its ports and memory are then free
+# for the next cluster's members), reaps and forgets them.
+kill_members() { # pid...
+  local p gone _ stuck=""
+  # Quiet: bash would report every member as a job killed by a signal.
+  {
+    for p in "$@"; do kill -9 "$p" || true; done
+    for p in "$@"; do
+      # Bounded: 100 x 0.1 s. SIGKILL cannot be caught or ignored, so a member exits as soon as
+      # it is scheduled, unless it sits in an uninterruptible wait (an fsync in flight), which on
+      # a local disk ends well within 10 s. Past that the script stops rather than start the
+      # next cluster beside a member that still holds its ports and memory.
+      gone=""
+      for _ in $(seq 100); do
+        exited "$p" && { gone=1; break; }
+        sleep 0.1
+      done
+      [ -n "$gone" ] || { stuck=$p; break; }
+      # Returns at once: the member has exited (this reaps its zombie or reads the status bash
+      # kept when it reaped it).
+      wait "$p" || true
+    done
+  } 2>/dev/null
+  [ -z "$stuck" ] || { echo "member PID $stuck has not exited 10 s after SIGKILL" >&2; exit 1; }
+  forget "$@"
+}

@@ -9,11 +9,12 @@
 # Usage: scripts/bench-queue.sh [seconds] [rounds]
 #
 # Every round runs 1 and 16 workers against Picket, then against RabbitMQ, each on a fresh queue
-# (a new name per round and size; amqp-cycle also deletes its queue at the end) that starts with
-# one job (message) per worker, enqueued before the window (QUEUE_PREFILL=N sets another number;
-# 0 starts empty, as before 2026-12-03): a worker then always finds a job, whichever of its two
-# overlapped calls reaches the leader first. Each worker has its own connection, spread over
-# the three members/nodes round-robin. At the end a summary
+# (Picket: a fresh three-member cluster per row; RabbitMQ: one cluster, a new quorum queue per
+# row, which amqp-cycle deletes at the end) that starts with one job (message) per worker,
+# enqueued before the window (QUEUE_PREFILL=N sets another number; 0 starts empty, as before
+# 2026-12-03): a worker then always finds a job, whichever of its two overlapped calls reaches
+# the leader first. Each worker has its own connection, spread over the three members/nodes
+# round-robin. At the end a summary
 # table gives, per row, the median over the rounds of cycles/s with the spread (min-max), the
 # Picket/RabbitMQ ratio of the medians, p50 and p99, the servers' CPU per cycle (user + system
 # time of the three picketd processes or the three beam.smp processes over the measured window,
@@ -69,20 +70,52 @@ PB=25000
 RB=26000
 epmd_port=$((RB + 2))
 
-# --- Picket: three members, as bench-vs-etcd.sh starts them.
-cluster=""
-for i in 1 2 3; do cluster+="${cluster:+,}n$i=http://127.0.0.1:$((PB + 10 * i + 1))"; done
-for i in 1 2 3; do
-  c=$((PB + 10 * i)); p=$((PB + 10 * i + 1))
-  "$picketd" --name "n$i" --data-dir "$root/picket/n$i" \
-    --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
-    --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
-    --initial-cluster "$cluster" --initial-cluster-state new "${picket_flags[@]}" \
-    2>"$root/picket-n$i.log" &
-  pids+=($!)
-done
-picket_pids=("${pids[@]}")
+# --- Picket: three members, as bench-vs-etcd.sh starts them, fresh for every row (issue 20:
+# "every row in 3 rounds with fresh clusters"). One cluster kept for all rounds measured its
+# own growing history: every cycle leaves its job's deleted keys until a compaction, and at
+# 10,000 entries each member writes a snapshot of the whole store (88 MB after ~66,000 cycles),
+# so later rounds ran slower (x16: 1,736, 1,413, 1,375 cycles/s on 2026-12-03). A RabbitMQ
+# round gets a fresh quorum queue (its own Raft log), declared by the bench and deleted after.
 picket_eps="http://127.0.0.1:$((PB + 10)),http://127.0.0.1:$((PB + 20)),http://127.0.0.1:$((PB + 30))"
+picket_pids=()
+picket_n=0
+start_picket() {
+  local cluster="" i c p ep ok _
+  picket_n=$((picket_n + 1))
+  picket_pids=()
+  for i in 1 2 3; do cluster+="${cluster:+,}n$i=http://127.0.0.1:$((PB + 10 * i + 1))"; done
+  for i in 1 2 3; do
+    c=$((PB + 10 * i)); p=$((PB + 10 * i + 1))
+    "$picketd" --name "n$i" --data-dir "$root/picket$picket_n/n$i" \
+      --listen-client-urls "http://127.0.0.1:$c" --advertise-client-urls "http://127.0.0.1:$c" \
+      --listen-peer-urls "http://127.0.0.1:$p" --initial-advertise-peer-urls "http://127.0.0.1:$p" \
+      --initial-cluster "$cluster" --initial-cluster-state new "${picket_flags[@]}" \
+      2>"$root/picket$picket_n-n$i.log" &
+    pids+=($!)
+    picket_pids+=($!)
+  done
+  # Readiness: a committed write (bounded: 60 x 0.5 s), then every member healthy (20 x 0.5 s
+  # each), as bench-vs-etcd.sh.
+  for _ in $(seq 60); do
+    ETCDCTL_API=3 etcdctl --endpoints="$picket_eps" put ready 1 >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  for ep in ${picket_eps//,/ }; do
+    ok=""
+    for _ in $(seq 20); do
+      ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
+      sleep 0.5
+    done
+    [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$root/picket$picket_n"-n*.log >&2; exit 1; }
+  done
+}
+# Kills the members (bench-lib.sh's kill_members: bounded, quiet, forgotten) and removes their
+# data.
+stop_picket() {
+  kill_members "${picket_pids[@]}"
+  picket_pids=()
+  rm -rf "${root:?}/picket$picket_n"
+}
 
 # --- RabbitMQ: three nodes as the current user, everything under $root.
 rhome="$root/rabbit-home"
@@ -164,23 +197,10 @@ done
 [ -n "$ok" ] || { echo "the RabbitMQ cluster has ${running:-0} running nodes, not 3" >&2; rabbit_log 1; exit 1; }
 amqp_uris="amqp://guest:guest@127.0.0.1:$((RB + 10))/%2f,amqp://guest:guest@127.0.0.1:$((RB + 20))/%2f,amqp://guest:guest@127.0.0.1:$((RB + 30))/%2f"
 
-# --- Picket readiness: a committed write, then every member healthy (as bench-vs-etcd.sh).
-for _ in $(seq 60); do
-  ETCDCTL_API=3 etcdctl --endpoints="$picket_eps" put ready 1 >/dev/null 2>&1 && break
-  sleep 0.5
-done
-for ep in ${picket_eps//,/ }; do
-  ok=""
-  for _ in $(seq 20); do
-    ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
-    sleep 0.5
-  done
-  [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$root"/picket-n*.log >&2; exit 1; }
-done
-
 run() { # kind workers
   local kind=$1 n=$2 line rss_pid rss p args
   if [ "$kind" = picket ]; then
+    start_picket
     p=("${picket_pids[@]}")
     args=(--workload "$queue_workload" --endpoints "$picket_eps")
   else
@@ -197,7 +217,9 @@ run() { # kind workers
     || line="failed (exit $?): $(tail -1 "$root/bench.err")"
   kill "$rss_pid" 2>/dev/null || true
   wait "$rss_pid" 2>/dev/null || true
+  forget "$rss_pid"
   rss=$(cat "$root/rss" 2>/dev/null || echo 0)
+  if [ "$kind" = picket ]; then stop_picket; fi
   echo "$line rss_kib=$rss"
   printf '%s\t%s\t%s\t%s\t%s\n' "$r" "cycle-$n" "$kind" "$line" "$rss" >>"$results"
 }
