@@ -4,8 +4,9 @@
 //! openraft 0.9's core appends and flushes client writes one at a time (`RaftCore` awaits the
 //! log flush of each `client_write` before it takes the next), so without grouping the leader
 //! does one fdatasync per put and throughput is bounded by fsync latency (docs/benchmarks.md).
-//! A [`ProposalBatcher`] queues proposals and keeps at most `max_in_flight` entries in flight;
-//! while they are in flight new proposals queue, and the next entry takes everything queued (up
+//! A [`ProposalBatcher`] queues proposals and keeps at most `max_in_flight` entries in flight
+//! (one more while those carry no more than `light_commands`, a lone client's calls); while
+//! they are in flight new proposals queue, and the next entry takes everything queued (up
 //! to `max_commands` commands and `max_bytes` encoded bytes; a single larger command goes
 //! alone). A batch of several commands is one `RaftCommand.batch` entry, which apply runs
 //! command by command as if each were its own entry (`storage::state_machine::apply_batch`); a
@@ -59,6 +60,16 @@ pub const MAX_BATCH_BYTES: usize = 4 * 1024 * 1024;
 /// only splits the commands the next, larger batch would have carried into more entries, each
 /// paying the per-entry costs.
 pub const MAX_IN_FLIGHT: usize = 1;
+
+/// Commands in flight at or below which one more entry may start beyond `max_in_flight`, on the
+/// leader's own writes (`proposer::batch_limits`). A lone client that sends two independent
+/// calls together (a queue worker's enqueue and its ack-and-claim, `picket-bench`'s
+/// `queue-overlap`) otherwise waits a whole commit for the second. A second entry always
+/// allowed bought that client +23 % but cost 16 workers 12 % (more, smaller entries); with this
+/// rule, alternating A/B over 8 rounds: 1 worker +27 %, 16 workers +4 %, put x64 even
+/// (docs/benchmarks.md, "Issue 20, session 24"). Under load an entry carries many commands, so
+/// the extra entry is not taken and batches stay whole.
+pub const LIGHT_COMMANDS: usize = 1;
 
 /// Bound on one entry in flight, from its start to its callers' answers: the request timeout at
 /// the default timings (`Config::request_timeout`, 5 s + 2 x the 1 s election timeout); the
@@ -148,6 +159,9 @@ pub struct Limits {
     pub max_commands: usize,
     pub max_bytes: usize,
     pub max_in_flight: usize,
+    /// One entry beyond `max_in_flight` may start while the entries in flight carry at most
+    /// this many commands in all; 0: never ([`LIGHT_COMMANDS`]).
+    pub light_commands: usize,
     /// Bound on one entry in flight ([`DEFAULT_ENTRY_TIMEOUT`]).
     pub entry_timeout: Duration,
 }
@@ -158,6 +172,7 @@ impl Default for Limits {
             max_commands: MAX_BATCH_COMMANDS,
             max_bytes: MAX_BATCH_BYTES,
             max_in_flight: MAX_IN_FLIGHT,
+            light_commands: 0,
             entry_timeout: DEFAULT_ENTRY_TIMEOUT,
         }
     }
@@ -175,6 +190,8 @@ struct Pending {
 struct State {
     queue: VecDeque<Pending>,
     in_flight: usize,
+    /// Commands carried by the entries in flight.
+    in_flight_commands: usize,
     /// When each entry now in flight started, oldest first (for the stall metric).
     started: VecDeque<Instant>,
     /// Entries proposed so far, for tests and metrics.
@@ -205,6 +222,7 @@ impl<S: BatchSink> ProposalBatcher<S> {
             max_commands: limits.max_commands.max(1),
             max_bytes: limits.max_bytes,
             max_in_flight: limits.max_in_flight.max(1),
+            light_commands: limits.light_commands,
             entry_timeout: limits.entry_timeout,
         };
         Self { shared: Arc::new(Shared { sink, limits, state: Mutex::new(State::default()) }) }
@@ -235,17 +253,27 @@ impl<S: BatchSink> ProposalBatcher<S> {
     }
 }
 
-/// Starts entries while fewer than `max_in_flight` are in flight and commands are queued.
+/// Whether another entry may start: fewer than `max_in_flight` are in flight, or exactly that
+/// many carrying at most `light_commands` commands in all.
+fn room(s: &State, limits: &Limits) -> bool {
+    s.in_flight < limits.max_in_flight
+        || (s.in_flight == limits.max_in_flight
+            && limits.light_commands > 0
+            && s.in_flight_commands <= limits.light_commands)
+}
+
+/// Starts entries while there is [`room`] and commands are queued.
 fn pump<S: BatchSink>(shared: &Arc<Shared<S>>) {
     let mut ready = Vec::new();
     {
         let mut s = shared.state.lock();
-        while s.in_flight < shared.limits.max_in_flight {
+        while room(&s, &shared.limits) {
             let batch = take_batch(&mut s.queue, &shared.limits);
             if batch.is_empty() {
                 break;
             }
             s.in_flight += 1;
+            s.in_flight_commands += batch.len();
             s.entries += 1;
             let now = Instant::now();
             s.started.push_back(now);
@@ -255,7 +283,7 @@ fn pump<S: BatchSink>(shared: &Arc<Shared<S>>) {
     for (batch, started) in ready {
         let shared = shared.clone();
         tokio::spawn(async move {
-            let in_flight = InFlight(shared.clone(), started);
+            let in_flight = InFlight(shared.clone(), started, batch.len());
             run(&shared.sink, batch, shared.limits.entry_timeout).await;
             drop(in_flight);
             pump(&shared);
@@ -264,12 +292,13 @@ fn pump<S: BatchSink>(shared: &Arc<Shared<S>>) {
 }
 
 /// Releases an in-flight slot, also when the entry's task is aborted.
-struct InFlight<S>(Arc<Shared<S>>, Instant);
+struct InFlight<S>(Arc<Shared<S>>, Instant, usize);
 
 impl<S> Drop for InFlight<S> {
     fn drop(&mut self) {
         let mut s = self.0.state.lock();
         s.in_flight -= 1;
+        s.in_flight_commands -= self.2;
         if let Some(i) = s.started.iter().position(|t| *t == self.1) {
             s.started.remove(i);
         }

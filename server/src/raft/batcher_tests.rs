@@ -24,6 +24,8 @@ struct Fake {
     /// Entries being written right now, and the most seen at once.
     writing: Arc<AtomicUsize>,
     max_writing: Arc<AtomicUsize>,
+    /// With a gate, each entry waits for a permit before it answers (the test decides when).
+    gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 fn put(key: &str) -> Command {
@@ -69,11 +71,15 @@ impl EntrySink for Fake {
         let malformed = self.malformed;
         let writing = self.writing.clone();
         let max_writing = self.max_writing.clone();
+        let gate = self.gate.clone();
         async move {
             let now = writing.fetch_add(1, Ordering::SeqCst) + 1;
             max_writing.fetch_max(now, Ordering::SeqCst);
             // The append, fsync and replication round trip, during which new commands queue.
             tokio::time::sleep(Duration::from_millis(5)).await;
+            if let Some(gate) = gate {
+                gate.acquire().await.expect("the gate stays open").forget();
+            }
             writing.fetch_sub(1, Ordering::SeqCst);
             if let Some(e) = fail {
                 return Err(e);
@@ -251,6 +257,68 @@ async fn a_malformed_batch_result_is_a_non_retryable_error_for_every_caller() {
     for r in &results[1..] {
         assert!(matches!(r, Err(ProposeError::Remote(_))), "{r:?}");
     }
+}
+
+/// A command that arrives while a lone command's entry is in flight starts its own entry at
+/// once (a lone client's two calls commit together); commands arriving behind two entries wait
+/// and share the next one, as without the extra entry.
+#[tokio::test]
+async fn a_lone_command_in_flight_lets_one_more_entry_start() {
+    for (light, want) in [(1, vec![1, 1, 18]), (0, vec![1, 19])] {
+        let fake = Fake::default();
+        let (entries, max_writing) = (fake.entries.clone(), fake.max_writing.clone());
+        let b =
+            ProposalBatcher::new(fake, Limits { light_commands: light, ..limits(256, 1 << 20, 1) });
+        let names = names("k", 20);
+        let results = propose_all(&b, &names).await;
+        let sizes: Vec<usize> = entries.lock().iter().map(|e| keys(e).len()).collect();
+        assert_eq!(sizes, want, "light {light}");
+        assert_eq!(max_writing.load(Ordering::SeqCst), 1 + light, "light {light}");
+        for (name, r) in names.iter().zip(&results) {
+            assert_eq!(&returned_key(r), name);
+        }
+    }
+}
+
+/// Waits (at most 5 s: the fake's entries take milliseconds) until `done` holds.
+async fn until(done: impl Fn() -> bool) {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the batcher got there within 5 s");
+}
+
+/// While an entry of several commands is in flight there is no extra room: commands arriving
+/// then wait and share the next entry, as without the rule.
+#[tokio::test]
+async fn an_entry_of_several_commands_in_flight_leaves_no_extra_room() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let fake = Fake { gate: Some(gate.clone()), ..Fake::default() };
+    let (entries, writing) = (fake.entries.clone(), fake.writing.clone());
+    let b = ProposalBatcher::new(fake, Limits { light_commands: 1, ..limits(256, 1 << 20, 1) });
+    let first = {
+        let b = b.clone();
+        tokio::spawn(async move { propose_all(&b, &names("a", 10)).await })
+    };
+    // Two lone entries start (the second in the extra room); the other eight queue.
+    until(|| entries.lock().len() == 2).await;
+    gate.add_permits(2);
+    // Both end; the eight go in one entry, in flight alone.
+    until(|| entries.lock().len() == 3 && writing.load(Ordering::SeqCst) == 1).await;
+    let second = {
+        let b = b.clone();
+        tokio::spawn(async move { propose_all(&b, &names("b", 3)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(entries.lock().len(), 3, "no extra entry beside one of eight commands");
+    gate.add_permits(100);
+    first.await.expect("task");
+    assert_eq!(second.await.expect("task").len(), 3);
+    let sizes: Vec<usize> = entries.lock().iter().map(|e| keys(e).len()).collect();
+    assert_eq!(sizes, vec![1, 1, 8, 3]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -58,6 +58,9 @@ const ROUND_TIMEOUT: Duration = Duration::from_secs(2);
 /// Overrides the number of group-commit entries in flight ([`super::batcher::MAX_IN_FLIGHT`]).
 /// For benchmarks comparing pipeline depths only; unset in every deployment.
 const IN_FLIGHT_ENV: &str = "PICKET_BATCH_IN_FLIGHT";
+/// Overrides [`super::batcher::LIGHT_COMMANDS`] (0 turns the extra entry off). For benchmarks
+/// only, like [`IN_FLIGHT_ENV`].
+const LIGHT_ENV: &str = "PICKET_BATCH_LIGHT";
 
 #[derive(Debug, Clone, Error)]
 #[non_exhaustive]
@@ -421,10 +424,18 @@ impl Inner {
 /// The batcher's limits: the defaults, each entry bounded by the request timeout, with the
 /// pipeline depth overridable for benchmarks.
 fn batch_limits(request_timeout: Duration) -> Limits {
-    let mut limits = Limits { entry_timeout: request_timeout, ..Limits::default() };
+    let mut limits = Limits {
+        entry_timeout: request_timeout,
+        light_commands: super::batcher::LIGHT_COMMANDS,
+        ..Limits::default()
+    };
     if let Some(k) = std::env::var(IN_FLIGHT_ENV).ok().and_then(|v| v.parse::<usize>().ok()) {
         tracing::info!(in_flight = k, "group commit pipeline depth overridden by {IN_FLIGHT_ENV}");
         limits.max_in_flight = k;
+    }
+    if let Some(k) = std::env::var(LIGHT_ENV).ok().and_then(|v| v.parse::<usize>().ok()) {
+        tracing::info!(light = k, "group commit light-load extra entry overridden by {LIGHT_ENV}");
+        limits.light_commands = k;
     }
     limits
 }
