@@ -104,3 +104,17 @@ fn empty_file_and_no_file() {
     let c: Config = parse_from(["picketd"]).unwrap();
     assert_eq!(c.name, crate::config::DEFAULT_NAME);
 }
+
+/// An etcd config file's automatic compaction keys, as etcd writes them (the retention quoted
+/// or not), set the policy.
+#[test]
+fn etcd_auto_compaction_keys_set_the_policy() {
+    use crate::mvcc::retention::Retention;
+    use std::time::Duration;
+    let f = file("auto-compaction-mode: revision\nauto-compaction-retention: 1000\n");
+    let c: Config = parse_from(args(&f, &[])).unwrap();
+    assert_eq!(c.auto_compaction().unwrap(), Retention::Revisions(1000));
+    let f = file("auto-compaction-retention: \"1\"\n");
+    let c: Config = parse_from(args(&f, &[])).unwrap();
+    assert_eq!(c.auto_compaction().unwrap(), Retention::Periodic(Duration::from_secs(3600)));
+}

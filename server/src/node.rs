@@ -426,6 +426,9 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     tokio::spawn(crate::metrics::raft::follow(metrics.clone(), raft.clone(), stop_rx.clone()));
     tokio::spawn(crate::api::lease::run_expiry(ctx.clone(), stop_rx.clone()));
     tokio::spawn(crate::api::compact_steps::run(ctx.clone(), stop_rx.clone()));
+    // Validated with the rest of the config above (`cfg.validate()`).
+    let retention = cfg.auto_compaction()?;
+    tokio::spawn(crate::api::auto_compact::run(ctx.clone(), retention, stop_rx.clone()));
     if quota > crate::quota::MAX_SUGGESTED_QUOTA_BYTES {
         tracing::warn!(quota, "--quota-backend-bytes exceeds the suggested maximum of 8 GiB");
     }

@@ -4,6 +4,7 @@
 //! [`status`].
 
 pub mod auth;
+pub mod auto_compact;
 pub mod cluster;
 pub mod cluster_peer;
 pub mod compact_steps;

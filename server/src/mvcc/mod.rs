@@ -54,6 +54,7 @@ mod newest;
 pub mod overlay;
 pub mod read;
 mod request;
+pub mod retention;
 pub mod store;
 mod txn;
 pub mod validate;
