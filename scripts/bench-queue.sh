@@ -72,9 +72,9 @@ epmd_port=$((RB + 2))
 
 # --- Picket: three members, as bench-vs-etcd.sh starts them, fresh for every row (issue 20:
 # "every row in 3 rounds with fresh clusters"). One cluster kept for all rounds measured its
-# own growing history: every cycle leaves its job's deleted keys until a compaction, and at
-# 10,000 entries each member writes a snapshot of the whole store (88 MB after ~66,000 cycles),
-# so later rounds ran slower (x16: 1,736, 1,413, 1,375 cycles/s on 2026-12-03). A RabbitMQ
+# own growing history: every cycle leaves its job's deleted keys until a compaction, the store
+# grows (RocksDB flushes memtables; at 10,000 entries each member copies it into a snapshot),
+# and later rounds ran slower (x16: 1,736, 1,413, 1,375 cycles/s on 2026-12-03). A RabbitMQ
 # round gets a fresh quorum queue (its own Raft log), declared by the bench and deleted after.
 picket_eps="http://127.0.0.1:$((PB + 10)),http://127.0.0.1:$((PB + 20)),http://127.0.0.1:$((PB + 30))"
 picket_pids=()
