@@ -136,7 +136,7 @@ pub struct Config {
     pub sub_max_lag_revisions: i64,
 
     /// How `--auto-compaction-retention` is read, as in etcd: `periodic` (a time window) or
-    /// `revision` (a number of revisions). See [`crate::mvcc::retention`].
+    /// `revision` (a number of revisions). See docs/operations.md, "Storage".
     #[arg(
         long = "auto-compaction-mode",
         env = "PICKET_AUTO_COMPACTION_MODE",
