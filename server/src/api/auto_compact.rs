@@ -10,7 +10,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use openraft::async_runtime::WatchReceiver;
 use picket_proto::etcdserverpb::CompactionRequest;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 
@@ -32,8 +31,7 @@ pub async fn run(
         }
         let (current, compacted) = ctx.sm.with_store(|s| (s.revision(), s.compact_revision()));
         let Some(rev) = schedule.tick(Instant::now(), current) else { continue };
-        let leads =
-            ctx.proposer.raft().metrics().borrow_watched().current_leader == Some(ctx.member_id);
+        let leads = ctx.leads();
         if !leads {
             // Asked again next tick: the leader compacts; this member only keeps its samples.
             continue;

@@ -9,7 +9,6 @@
 //! log entry; a step proposed when nothing is left (a step that rode on a write got there
 //! first) applies as a no-op.
 
-use openraft::async_runtime::WatchReceiver;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,8 +35,7 @@ pub async fn run(ctx: Arc<Ctx>, mut stop: tokio::sync::watch::Receiver<bool>) {
             _ = stop.wait_for(|s| *s) => return,
         }
         pause = IDLE_TICK;
-        let leads =
-            ctx.proposer.raft().metrics().borrow_watched().current_leader == Some(ctx.member_id);
+        let leads = ctx.leads();
         let (compacted, physical) =
             ctx.sm.with_store(|s| (s.compact_revision(), s.compact_physical()));
         if !leads || physical >= compacted {

@@ -81,6 +81,12 @@ impl Ctx {
         Ok(())
     }
 
+    /// Whether this member leads now, as its Raft metrics last said (the background drivers
+    /// that only the leader runs check it before each proposal).
+    pub fn leads(&self) -> bool {
+        self.proposer.raft().metrics().borrow_watched().current_leader == Some(self.member_id)
+    }
+
     /// Replicates a command and returns its result, mapping a replicated error to its status.
     pub async fn propose(&self, cmd: Cmd) -> Result<CmdResult, Status> {
         // Refused early (no log entry) while NOSPACE is active; apply checks again.

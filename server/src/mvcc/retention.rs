@@ -74,7 +74,16 @@ impl Schedule {
     /// How long to wait between two ticks.
     pub fn interval(&self) -> Duration {
         match self.retention {
-            Retention::Periodic(p) => (p.min(MAX_INTERVAL) / SAMPLES_PER_INTERVAL).max(MIN_TICK),
+            Retention::Periodic(_) => (self.compact_every() / SAMPLES_PER_INTERVAL).max(MIN_TICK),
+            _ => self.compact_every(),
+        }
+    }
+
+    /// The time between two compactions: the period, at most [`MAX_INTERVAL`], or
+    /// [`REVISION_INTERVAL`].
+    fn compact_every(&self) -> Duration {
+        match self.retention {
+            Retention::Periodic(p) => p.min(MAX_INTERVAL),
             _ => REVISION_INTERVAL,
         }
     }
@@ -104,11 +113,7 @@ impl Schedule {
     /// there or later): the next compaction is one interval from `now`.
     pub fn done(&mut self, now: Instant, rev: i64) {
         self.last = rev;
-        self.due = now
-            + match self.retention {
-                Retention::Periodic(p) => p.min(MAX_INTERVAL),
-                _ => REVISION_INTERVAL,
-            };
+        self.due = now + self.compact_every();
     }
 }
 

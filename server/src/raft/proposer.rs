@@ -429,15 +429,20 @@ fn batch_limits(request_timeout: Duration) -> Limits {
         light_commands: super::batcher::LIGHT_COMMANDS,
         ..Limits::default()
     };
-    if let Some(k) = std::env::var(IN_FLIGHT_ENV).ok().and_then(|v| v.parse::<usize>().ok()) {
+    if let Some(k) = env_count(IN_FLIGHT_ENV) {
         tracing::info!(in_flight = k, "group commit pipeline depth overridden by {IN_FLIGHT_ENV}");
         limits.max_in_flight = k;
     }
-    if let Some(k) = std::env::var(LIGHT_ENV).ok().and_then(|v| v.parse::<usize>().ok()) {
+    if let Some(k) = env_count(LIGHT_ENV) {
         tracing::info!(light = k, "group commit light-load extra entry overridden by {LIGHT_ENV}");
         limits.light_commands = k;
     }
     limits
+}
+
+/// A count from the environment variable `name`, if it is set to one.
+fn env_count(name: &str) -> Option<usize> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 /// Proposes entries through this member's own Raft core (the group-commit batcher's sink).
