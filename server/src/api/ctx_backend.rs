@@ -12,9 +12,7 @@
 
 use std::sync::Arc;
 
-use picket_proto::etcdserverpb::{
-    LeaseGrantRequest, RangeRequest, RangeResponse, TxnRequest, TxnResponse,
-};
+use picket_proto::etcdserverpb::{RangeRequest, RangeResponse, TxnRequest, TxnResponse};
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
 use picket_proto::picket::raft::v1::{QueueCommand, QueueResult};
@@ -109,11 +107,7 @@ impl CtxBackend {
         if lease != 0 {
             return Ok(lease);
         }
-        let id = super::lease::random_lease_id();
-        let grant = LeaseGrantRequest { ttl: IMPLICIT_LEASE_TTL, id };
-        match self.ctx.propose(super::lease::grant_command(self.checked, grant)).await? {
-            CmdResult::LeaseGrant(r) => Ok(r.id),
-            _ => Err(unexpected("implicit lease grant")),
-        }
+        let r = super::lease::propose_grant(&self.ctx, self.checked, IMPLICIT_LEASE_TTL, 0).await?;
+        Ok(r.id)
     }
 }

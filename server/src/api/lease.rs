@@ -30,6 +30,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::StreamExt;
 use tonic::{Code, Request, Response, Status, Streaming};
 
+use super::lease_id::{new_lease_id, GRANT_ID_ATTEMPTS};
 use super::status::lease_status;
 use super::{unexpected, Ctx};
 use crate::auth::replicated::Judgement;
@@ -52,10 +53,6 @@ const MAX_REVOKES_IN_FLIGHT: usize = 64;
 /// the same round. Answers still go out in request order. The bound keeps one stream from
 /// holding unbounded work.
 const KEEPALIVES_IN_FLIGHT: usize = 256;
-
-/// Attempts at a server-chosen lease id. A collision among random 63-bit ids is
-/// astronomically rare; the retry exists so one can never surface to a client.
-const GRANT_ID_ATTEMPTS: usize = 3;
 
 pub struct LeaseService {
     ctx: Arc<Ctx>,
@@ -93,12 +90,28 @@ pub(crate) fn grant_command(checked: Option<Judgement>, req: LeaseGrantRequest) 
     super::auth::guard_cmd(checked, Cmd::LeaseGrant(req))
 }
 
-/// Runs on the member that receives the grant, before proposing: the id is part of the
-/// command, so apply stays deterministic.
-#[allow(clippy::disallowed_methods)]
-pub(crate) fn random_lease_id() -> i64 {
-    // Positive and non-zero: etcd clients treat 0 as "no lease" and print ids as unsigned hex.
-    (rand::random::<u64>() >> 1).max(1) as i64
+/// Proposes a grant of `ttl` seconds under `id`, or, with `id` 0, under an id the server chooses
+/// (`lease_id`), retrying with a fresh id when another member's grant took the same one.
+pub(crate) async fn propose_grant(
+    ctx: &Ctx,
+    checked: Option<Judgement>,
+    ttl: i64,
+    id: i64,
+) -> Result<LeaseGrantResponse, Status> {
+    let attempts = if id == 0 { GRANT_ID_ATTEMPTS } else { 1 };
+    for attempt in 1..=attempts {
+        let chosen = if id == 0 { new_lease_id() } else { id };
+        let grant = LeaseGrantRequest { ttl, id: chosen };
+        match ctx.propose(grant_command(checked, grant)).await {
+            Ok(CmdResult::LeaseGrant(r)) => return Ok(r),
+            Ok(_) => return Err(unexpected("lease_grant")),
+            Err(s) if s.code() == Code::FailedPrecondition && id == 0 && attempt < attempts => {
+                tracing::warn!(lease_id = chosen, "server-chosen lease id collided; retrying");
+            }
+            Err(s) => return Err(s),
+        }
+    }
+    Err(Status::internal("picket: could not choose a free lease id"))
 }
 
 /// Answers a keep-alive on the leader: confirms leadership with a quorum first, so a deposed
@@ -288,27 +301,9 @@ impl Lease for LeaseService {
         if req.id < 0 {
             return Err(Status::invalid_argument("picket: lease id must not be negative"));
         }
-        let attempts = if req.id == 0 { GRANT_ID_ATTEMPTS } else { 1 };
-        for attempt in 1..=attempts {
-            let id = if req.id == 0 { random_lease_id() } else { req.id };
-            let grant = LeaseGrantRequest { ttl: req.ttl, id };
-            match self.ctx.propose(grant_command(checked, grant)).await {
-                Ok(CmdResult::LeaseGrant(mut r)) => {
-                    r.header = Some(self.ctx.header(self.ctx.sm.revision()));
-                    return Ok(Response::new(r));
-                }
-                Ok(_) => return Err(unexpected("lease_grant")),
-                Err(s)
-                    if s.code() == Code::FailedPrecondition
-                        && req.id == 0
-                        && attempt < attempts =>
-                {
-                    tracing::warn!(lease_id = id, "random lease id collided; retrying");
-                }
-                Err(s) => return Err(s),
-            }
-        }
-        Err(Status::internal("picket: could not choose a free lease id"))
+        let mut r = propose_grant(&self.ctx, checked, req.ttl, req.id).await?;
+        r.header = Some(self.ctx.header(self.ctx.sm.revision()));
+        Ok(Response::new(r))
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(lease_id = req.get_ref().id))]

@@ -13,6 +13,7 @@ pub mod gateway;
 pub mod http;
 pub mod kv;
 pub mod lease;
+mod lease_id;
 pub mod locks;
 pub mod maintenance;
 pub mod queue;
