@@ -13,10 +13,18 @@ use super::error::MvccError;
 use super::keys;
 use crate::storage::engine::{Cf, KvIter, ReadView};
 
-/// After this many consecutive records that a scan must skip (older versions of a key already
-/// resolved, or versions newer than the read revision), re-seek instead of stepping. Keeps
-/// reads of keys with long histories from costing one step per version.
+/// After this many consecutive versions newer than the read revision, re-seek to the read
+/// revision instead of stepping. Keeps reads of keys with long histories from costing one step
+/// per version.
 const RESEEK_AFTER: usize = 16;
+
+/// After this many versions older than a key's visible one, re-seek past the key. Smaller than
+/// [`RESEEK_AFTER`]: every remaining version of a resolved key is skipped, so once a key shows
+/// more than one older version a seek (about as costly as a handful of steps) is the cheaper
+/// way past the rest. A lock's contender key, put and deleted once per hand-off, has one
+/// version per acquire, and its queueing txn ranges over the lock's prefix: stepping 16 of them
+/// per txn was a tenth of an uncontended lock's CPU (docs/benchmarks.md, "Issue 20, session 26").
+const RESEEK_RESOLVED_AFTER: usize = 2;
 
 /// The revision counters as stored: current revision and compacted revision, with etcd's
 /// initial values 1 and -1 (never compacted) when absent.
@@ -99,7 +107,8 @@ impl Iterator for Visible<'_> {
             let resolved = self.current.as_ref().is_some_and(|(_, r)| *r);
             if resolved || rev > self.at_rev {
                 self.skipped += 1;
-                if self.skipped >= RESEEK_AFTER {
+                let limit = if resolved { RESEEK_RESOLVED_AFTER } else { RESEEK_AFTER };
+                if self.skipped >= limit {
                     let target = if resolved {
                         keys::versions_end(enc)
                     } else {
