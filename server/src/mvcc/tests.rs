@@ -599,9 +599,7 @@ fn ranges_read_keys_with_few_versions_around_the_reseek() {
             s.range(&r).unwrap().kvs.iter().map(|kv| (kv.key[0] - b'a', kv.value[0])).collect();
         let mut want: Vec<(u8, u8)> = Vec::new();
         for k in 1..=5u8 {
-            if let Some((_, _, v)) =
-                history.iter().filter(|(rev, key, _)| *key == k && *rev <= at).last()
-            {
+            if let Some((_, _, v)) = history.iter().rfind(|(rev, key, _)| *key == k && *rev <= at) {
                 want.push((k, *v));
             }
         }
