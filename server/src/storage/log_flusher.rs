@@ -17,7 +17,9 @@
 //! later append fails at once, and openraft stops the member (a storage failure is fatal, as a
 //! failed synced write always was).
 
+use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use openraft::storage::IOFlushed;
@@ -66,11 +68,21 @@ struct Inner {
 pub struct LogFlusher {
     inner: Arc<Inner>,
     exited: Mutex<std::sync::mpsc::Receiver<()>>,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl LogFlusher {
     /// Starts the flusher thread for `db`.
     pub fn start(db: Arc<DB>) -> std::io::Result<Self> {
+        Self::start_with(db, || {})
+    }
+
+    /// [`LogFlusher::start`], running `on_thread` first on the new thread (tests give the
+    /// thread state of its own there).
+    pub(crate) fn start_with(
+        db: Arc<DB>,
+        on_thread: impl FnOnce() + Send + 'static,
+    ) -> std::io::Result<Self> {
         let inner = Arc::new(Inner {
             db,
             state: Mutex::new(State::default()),
@@ -81,11 +93,16 @@ impl LogFlusher {
         });
         let (tx, rx) = std::sync::mpsc::channel();
         let thread_inner = inner.clone();
-        std::thread::Builder::new().name("raft-log-flush".into()).spawn(move || {
-            run(&thread_inner);
-            let _ = tx.send(());
-        })?;
-        Ok(Self { inner, exited: Mutex::new(rx) })
+        let thread =
+            std::thread::Builder::new().name("raft-log-flush".into()).spawn(move || {
+                on_thread();
+                run(&thread_inner);
+                // Its handle of the database goes before the thread says it is done, so the
+                // database is closed (if this was its last handle) before the drop returns.
+                drop(thread_inner);
+                let _ = tx.send(());
+            })?;
+        Ok(Self { inner, exited: Mutex::new(rx), thread: Some(thread) })
     }
 
     /// Records every synced append in `record` from now on (`wal_tail`; the first call wins).
@@ -160,7 +177,24 @@ impl Drop for LogFlusher {
         // Bounded: see STOP_TIMEOUT. Until the thread exits it holds the database open, so a
         // restart in the same process waits for it here rather than find the database locked.
         let exited = self.exited.get_mut().unwrap_or_else(|p| p.into_inner());
-        let _ = exited.recv_timeout(STOP_TIMEOUT);
+        match exited.recv_timeout(STOP_TIMEOUT) {
+            // The thread is past its last sync and has let go of the database (or it
+            // panicked): join it, which waits only for its return and its thread-local
+            // destructors, so it is bounded too. Without the join the thread could still be
+            // running when main returned, and when its handle was the database's last, the
+            // database closed on it while the exiting process destroyed RocksDB's C++ statics
+            // (the default Env and its thread pools, whose mutexes closing locks): picketd
+            // aborted on SIGTERM after a load ("pthread lock: Invalid argument"), about one
+            // member in twenty.
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => {
+                if let Some(thread) = self.thread.take() {
+                    let _ = thread.join();
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                tracing::warn!("the raft log flusher did not stop within 5 s; left to end alone");
+            }
+        }
     }
 }
 
