@@ -1,3 +1,4 @@
+use std::sync::OnceLock;
 
 use super::bucket_span::BucketSpan;
 use super::log_scale_config::LogScaleConfig;
@@ -21,8 +22,8 @@ pub struct LogScale {
 // Picket's patch (third_party/README.md): each width's tables are built on first use. Upstream
 // 0.2.3 builds all 16 widths at the first `get`, ~26 MiB of tables written at once (width 16
 // alone is 13 MiB), while openraft only ever uses the default width.
-static LOG_SCALES: [std::sync::OnceLock<LogScale>; LogScaleConfig::MAX_WIDTH] =
-    [const { std::sync::OnceLock::new() }; LogScaleConfig::MAX_WIDTH];
+static LOG_SCALES: [OnceLock<LogScale>; LogScaleConfig::MAX_WIDTH] =
+    [const { OnceLock::new() }; LogScaleConfig::MAX_WIDTH];
 
 impl LogScale {
     pub const DEFAULT_WIDTH: usize = 3;
