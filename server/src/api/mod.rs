@@ -20,6 +20,7 @@ pub mod queue;
 pub mod quota_monitor;
 pub mod status;
 pub mod subscription;
+mod time_ids;
 pub mod v3election;
 pub mod v3lock;
 pub mod watch;

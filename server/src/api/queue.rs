@@ -18,6 +18,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use super::ctx_backend::CtxBackend;
+use super::time_ids::{now_ms, TimeIds};
 use super::Ctx;
 use crate::auth::{KeyRange, Need};
 use crate::queue::{self, ops, validate};
@@ -25,37 +26,19 @@ use crate::queue::{self, ops, validate};
 /// Dead letters listed when the request names no limit.
 const DEFAULT_DEAD_LIST: u32 = 100;
 
-/// The serving member's wall clock in unix milliseconds. Used only to stamp ready times and
-/// deadlines into proposals and to compare them when choosing a job, never in apply; skew between
-/// members shifts delays but cannot create a second live claim (see [`crate::queue`]).
-#[allow(clippy::disallowed_methods)]
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
-}
+static JOB_IDS: TimeIds = TimeIds::new(64, 20);
 
 /// A fresh job id, chosen before proposing (not in apply): 16 hex digits, the serving member's
-/// clock in milliseconds (44 bits) and then 20 random bits. Jobs enqueued together get ids that
-/// sort together, so a queue's job and claim keys are written next to the keys just written in
-/// RocksDB's memtable rather than at random places in it (with random ids, the skiplist
-/// insert's cache misses were the largest single cost of a queue cycle: docs/benchmarks.md,
-/// "Issue 20, session 25"). Ids are opaque to clients; only their uniqueness matters, and
-/// `ops::enqueue` retries a collision with another id.
+/// clock in milliseconds (44 bits) and then 20 bits that start at a random value each
+/// millisecond ([`TimeIds`]: ids that sort by time keep a queue's job and claim keys beside the
+/// ones just written in RocksDB's memtable). Ids are opaque to clients; only their uniqueness
+/// matters, and `ops::enqueue` retries a collision with another member's id.
 fn new_job_id() -> String {
-    // Randomness outside apply: the id travels in the proposed Txn, so every member applies
-    // the same one.
-    #[allow(clippy::disallowed_methods)]
-    let low = rand::random::<u64>();
-    job_id(now_ms(), low)
+    job_id(JOB_IDS.next())
 }
 
-/// The id of [`new_job_id`] for a clock reading and a random draw (of which 20 bits are used).
-fn job_id(now_ms: u64, random: u64) -> String {
-    const RANDOM_BITS: u32 = 20;
-    const CLOCK_MASK: u64 = (1 << (64 - RANDOM_BITS)) - 1;
-    format!("{:016x}", ((now_ms & CLOCK_MASK) << RANDOM_BITS) | (random >> (64 - RANDOM_BITS)))
+fn job_id(id: u64) -> String {
+    format!("{id:016x}")
 }
 
 pub struct QueueService {

@@ -82,8 +82,8 @@ pub async fn enqueue<B: Backend>(
     mut new_id: impl FnMut() -> String,
 ) -> Result<Enqueued, QueueError> {
     let dedup = Some(job.record.dedup_id.as_str()).filter(|d| !d.is_empty());
-    // Two ids collide only when drawn in the same millisecond with the same 20 random bits
-    // (one in a million per pair, `api::queue::new_job_id`), so a few tries suffice.
+    // One member never repeats an id; two collide only when drawn in the same millisecond with
+    // overlapping runs of the same 20 random bits (`api::time_ids`), so a few tries suffice.
     for _ in 0..4 {
         let id = new_id();
         let txn = txns::enqueue(queue, &id, &job.record, now_ms, job.delay_ms, dedup);
