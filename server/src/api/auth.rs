@@ -68,13 +68,10 @@ impl AuthInfo {
     }
 }
 
-/// Unix seconds now, for token expiry. API layer only (never apply).
-#[allow(clippy::disallowed_methods)] // Token expiry is wall-clock time by nature; not in apply.
+/// Unix seconds now, for token expiry: the member's wall clock (`time_ids::now_ms`). API layer
+/// only (never apply).
 fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    super::time_ids::now_ms() / 1000
 }
 
 impl Ctx {
