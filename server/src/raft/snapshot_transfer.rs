@@ -75,6 +75,9 @@ pub async fn send(
 ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
     tokio::pin!(cancel);
     let data = &mut snapshot.snapshot;
+    // A snapshot this member took is a view until now: written out once per transfer (off the
+    // runtime), then read in chunks like a received one.
+    data.spill().await.map_err(unreachable)?;
     let len = data.seek(SeekFrom::End(0)).await.map_err(unreachable)?;
     data.seek(SeekFrom::Start(0)).await.map_err(unreachable)?;
     #[allow(clippy::disallowed_methods)] // names a transfer on the network, far from apply

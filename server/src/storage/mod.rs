@@ -12,7 +12,8 @@
 //!   them to [`crate::mvcc`] and [`crate::lease`], one engine write batch per `apply()` call.
 //! - `forwarded`: hands the results of commands this member forwarded to the leader to their
 //!   waiters as the state machine applies them.
-//! - `snapshot`: state-machine snapshots built from a consistent engine view.
+//! - `snapshot`: the snapshot blob, written from a consistent engine view; `pinned`: a
+//!   snapshot kept as a pinned view until it is sent.
 //!
 //! The MVCC data model (revisions, key versions, compaction) lives in [`crate::mvcc`], which
 //! only sees the [`engine::Engine`] trait, so it runs unchanged on [`engine::MemEngine`].
@@ -25,6 +26,7 @@ pub mod forwarded;
 pub mod log_flusher;
 pub mod log_store;
 pub mod log_tail;
+pub mod pinned;
 pub mod shared;
 pub mod snapshot;
 pub mod snapshot_file;

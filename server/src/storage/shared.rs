@@ -59,6 +59,9 @@ pub struct Shared {
     /// (issue 19, Medium 9).
     pub(super) revision: AtomicI64,
     pub(super) snapshots: SnapshotFiles,
+    /// The current snapshot: the view the last build or install pinned (`super::pinned`);
+    /// `None` until openraft first asks for one after a start.
+    pub(super) current: parking_lot::Mutex<Option<Arc<super::pinned::Pinned>>>,
     pub(super) events: broadcast::Sender<FeedItem>,
     /// The applied auth store, for permission checks on the API layer (`crate::auth`).
     pub(super) auth: crate::auth::AuthCache,

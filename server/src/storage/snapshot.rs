@@ -1,4 +1,4 @@
-//! Snapshots of the state machine, built from a RocksDB point-in-time view.
+//! Snapshots of the state machine, written from a RocksDB point-in-time view.
 //!
 //! A snapshot is every key of the state-machine column families (never the Raft log's), in one
 //! self-checking blob:
@@ -9,23 +9,22 @@
 //! 0xFF  sha256(everything before):32
 //! ```
 //!
-//! Building streams the blob record by record from a RocksDB snapshot straight into the
-//! snapshot file (`<data-dir>/snapshots/current.snap`, [`SnapshotFiles::save_from`]), hashing
-//! as it goes, so a member holds no copy of the store in memory to build one. (Before issue 20
-//! every member serialized the whole store into one `Vec` every `--snapshot-count` entries: 80
-//! to 220 MB at a time under the mixed benchmark, with the members' RSS growing by that much
-//! each time.) openraft sends and receives the file as it is (`raft::snapshot_data`); only
-//! installing a received one reads its blob into memory, as the install is one atomic batch.
+//! [`write_blob`] streams the blob record by record from a view, hashing as it goes, so nothing
+//! of the store is held in memory to write one. A member keeps its current snapshot as a pinned
+//! view, not as a blob (`storage::pinned`): the blob is written only to send it to a follower
+//! (into a `sending-*.snap` file in `<data-dir>/snapshots/`, kept while the snapshot is in
+//! use) or to answer `Maintenance.Snapshot`
+//! ([`build`]). Only installing a received one reads its blob into memory, as the install is one
+//! atomic batch. (Until session 29 every build wrote the blob to `snapshots/current.snap`; a
+//! file left by an older version is removed at start.)
 
 use std::fs;
-use std::io::{BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::PathBuf;
 
 use rocksdb::{IteratorMode, SnapshotWithThreadMode, WriteBatch, WriteOptions, DB};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
-
-use crate::raft::types::SnapshotMeta;
 
 const MAGIC: &[u8] = b"PICKETSNAP";
 const VERSION: u8 = 1;
@@ -101,7 +100,7 @@ pub fn write_blob(db: &DB, view: &View<'_>, out: impl Write) -> Result<u64, Snap
 }
 
 /// The blob of the store as it is now, in memory (`Maintenance.Snapshot` and tests; members
-/// build theirs into a file with [`SnapshotFiles::save_from`]).
+/// keep theirs as pinned views, `storage::pinned`).
 pub fn build(db: &DB) -> Result<Vec<u8>, SnapshotError> {
     let view = db.snapshot();
     let mut out = Vec::with_capacity(1 << 16);
@@ -189,87 +188,39 @@ pub fn install(db: &DB, blob: &[u8]) -> Result<(), SnapshotError> {
     Ok(())
 }
 
-/// The newest snapshot kept on disk as one file, `<dir>/current.snap`: a length-prefixed
-/// postcard [`SnapshotMeta`] followed by the blob. One file, so one rename replaces both at once.
+/// The member's snapshot directory: files of snapshots being received, and the files snapshots
+/// are written into to be sent (`storage::pinned`).
 pub struct SnapshotFiles {
     dir: PathBuf,
     /// Numbers the files of snapshots being received.
     receiving: std::sync::atomic::AtomicU64,
 }
 
+/// Files of earlier versions: the snapshot every build used to write, and its temp file.
+const OLD_CURRENT: [&str; 2] = ["current.snap", "current.snap.tmp"];
+
 impl SnapshotFiles {
     pub fn new(dir: impl Into<PathBuf>) -> Result<Self, SnapshotError> {
         let dir = dir.into();
         fs::create_dir_all(&dir)?;
-        // A snapshot that was being received when the member stopped is incomplete: openraft
-        // starts any transfer over, so its file is garbage.
         for entry in fs::read_dir(&dir)? {
             let entry = entry?;
-            if entry.file_name().to_string_lossy().starts_with(RECEIVING) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            // A snapshot that was being received when the member stopped is incomplete (openraft
+            // starts any transfer over), one being written to send was for a transfer that
+            // ended, and a snapshot file of an older version is never read again: all garbage.
+            if name.starts_with(RECEIVING)
+                || name.starts_with(super::pinned::SENDING)
+                || OLD_CURRENT.contains(&name.as_str())
+            {
                 fs::remove_file(entry.path())?;
             }
         }
         Ok(Self { dir, receiving: std::sync::atomic::AtomicU64::new(0) })
     }
 
-    /// Saves a snapshot with write-to-temp, fsync, rename, fsync-dir, so a crash leaves either
-    /// the old or the new snapshot, never a torn one.
-    pub fn save(&self, meta: &SnapshotMeta, blob: &[u8]) -> Result<(), SnapshotError> {
-        let meta_bytes = postcard::to_allocvec(meta)?;
-        write_durably(&self.dir, "current.snap", |f| {
-            write_chunk(f, &meta_bytes)?;
-            f.write_all(blob)?;
-            Ok(())
-        })
-    }
-
-    /// Saves a snapshot of the store as `view` sees it, the blob streamed from the view into
-    /// the file ([`write_blob`]): the same file [`Self::save`] writes for that blob, durable the
-    /// same way, with no copy of the store in memory. Returns the blob's length and the file
-    /// opened for reading with the offset of the blob in it (not verified again: it was hashed
-    /// as it was written).
-    pub fn save_from(
-        &self,
-        meta: &SnapshotMeta,
-        db: &DB,
-        view: &View<'_>,
-    ) -> Result<(u64, fs::File, u64), SnapshotError> {
-        let meta_bytes = postcard::to_allocvec(meta)?;
-        let n = write_durably(&self.dir, "current.snap", |f| {
-            // Large writes: the blob is written in 1 MiB pieces, not record by record.
-            let mut w = BufWriter::with_capacity(1 << 20, f);
-            write_chunk(&mut w, &meta_bytes)?;
-            let n = write_blob(db, view, &mut w)?;
-            w.flush()?;
-            Ok(n)
-        })?;
-        // Only the caller writes this file meanwhile (openraft builds and installs one snapshot
-        // at a time), so what opens is what was just written.
-        let file = fs::File::open(self.dir.join("current.snap"))?;
-        Ok((n, file, 4 + meta_bytes.len() as u64))
-    }
-
-    /// The newest snapshot on disk, its checksum verified by reading it through once (nothing of
-    /// it held in memory): the metadata, the open file, and the offset of the blob in it.
-    pub fn open(&self) -> Result<Option<(SnapshotMeta, fs::File, u64)>, SnapshotError> {
-        let mut file = match fs::File::open(self.dir.join("current.snap")) {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        let total = file.metadata()?.len();
-        let mut len = [0u8; 4];
-        file.read_exact(&mut len)?;
-        let meta_len = u64::from(u32::from_le_bytes(len));
-        if 4 + meta_len > total {
-            return Err(SnapshotError::Malformed("truncated record"));
-        }
-        let mut meta_bytes = vec![0u8; meta_len as usize];
-        file.read_exact(&mut meta_bytes)?;
-        let meta: SnapshotMeta = postcard::from_bytes(&meta_bytes)?;
-        let base = 4 + meta_len;
-        verify(&mut file, total - base)?;
-        Ok(Some((meta, file, base)))
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
     }
 
     /// A fresh path for a snapshot being received (removed by its data when dropped).
@@ -281,52 +232,3 @@ impl SnapshotFiles {
 
 /// Prefix of the files of snapshots being received.
 const RECEIVING: &str = "receiving-";
-
-/// Checks a blob of `len` bytes read from `r` as [`parse`] does its header and trailer, reading
-/// it in pieces: the header, then the SHA-256 of everything before the last 32 bytes.
-fn verify(r: &mut impl Read, len: u64) -> Result<(), SnapshotError> {
-    let head = (MAGIC.len() + 1) as u64;
-    if len < head + 1 + 32 {
-        return Err(SnapshotError::Malformed("bad header"));
-    }
-    let mut hash = Sha256::new();
-    let mut header = vec![0u8; head as usize];
-    r.read_exact(&mut header)?;
-    if !header.starts_with(MAGIC) {
-        return Err(SnapshotError::Malformed("bad header"));
-    }
-    if header[MAGIC.len()] != VERSION {
-        return Err(SnapshotError::Malformed("unknown version"));
-    }
-    hash.update(&header);
-    let mut left = len - head - 32;
-    let mut buf = vec![0u8; 1 << 20];
-    while left > 0 {
-        let n = left.min(buf.len() as u64) as usize;
-        r.read_exact(&mut buf[..n])?;
-        hash.update(&buf[..n]);
-        left -= n as u64;
-    }
-    let mut digest = [0u8; 32];
-    r.read_exact(&mut digest)?;
-    if hash.finalize().as_slice() != digest {
-        return Err(SnapshotError::Checksum);
-    }
-    Ok(())
-}
-
-fn write_durably<T>(
-    dir: &Path,
-    name: &str,
-    fill: impl FnOnce(&mut fs::File) -> Result<T, SnapshotError>,
-) -> Result<T, SnapshotError> {
-    let tmp = dir.join(format!("{name}.tmp"));
-    let mut f = fs::File::create(&tmp)?;
-    let out = fill(&mut f)?;
-    // Durability: the file's contents must be on disk before the rename makes it current.
-    f.sync_all()?;
-    fs::rename(&tmp, dir.join(name))?;
-    // Durability: fsync the directory so the rename itself survives a crash.
-    fs::File::open(dir)?.sync_all()?;
-    Ok(out)
-}

@@ -24,13 +24,14 @@ use crate::raft::types::{
     Applied, Entry, LogId, Snapshot, SnapshotMeta, StorageError, StoredMembership, TypeConfig,
 };
 use crate::storage::engine::Cf;
+use crate::storage::pinned::Pinned;
 use crate::storage::rocks::RocksEngine;
 use crate::storage::snapshot::{self, SnapshotFiles};
 
 pub(super) use super::shared::Inner;
 pub use super::shared::{FeedItem, RevisionEvents, Shared};
 
-use super::shared::{raft_progress, KEY_APPLIED, KEY_MEMBERSHIP};
+use super::shared::{KEY_APPLIED, KEY_MEMBERSHIP};
 
 /// The `Cf::Meta` keys that record Raft progress rather than data: a snapshot restored into a
 /// new cluster (`crate::restore`) drops them, because they name log ids and members of the
@@ -85,6 +86,7 @@ impl StateMachine {
                 inner: RwLock::new(inner),
                 revision,
                 snapshots,
+                current: parking_lot::Mutex::new(None),
                 events,
                 auth,
                 alarms,
@@ -249,8 +251,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             }
             shared.auth.reload(&shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
             shared.alarms.refresh(&shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
-            // The snapshot file is written and fsynced here too, off the runtime.
-            shared.snapshots.save(&meta_owned, &blob).map_err(snap_err)?;
+            // The installed state is this member's current snapshot now (openraft's contract:
+            // `get_current_snapshot` returns it). Pinned before anything is applied after it,
+            // so the view is exactly the snapshot.
+            set_current(&shared, Arc::new(pin(&shared)?));
             Ok(inner)
         })
         .await
@@ -271,15 +275,21 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
-        // Verifying reads the whole file: off the runtime's worker threads.
-        let shared = self.shared.clone();
-        let found = tokio::task::spawn_blocking(move || shared.snapshots.open())
-            .await
-            .map_err(snap_err)?
-            .map_err(snap_err)?;
-        let Some((meta, file, base)) = found else { return Ok(None) };
-        let data = SnapshotData::new(file, base).map_err(snap_err)?;
-        Ok(Some(Snapshot { meta, snapshot: data }))
+        // No I/O: openraft calls this on its state-machine task (to send a snapshot, and at
+        // start), where a whole-store write would hold up apply; the blob is written by whoever
+        // reads the data (`SnapshotData::spill` in the transfer).
+        let mut current = self.shared.current.lock();
+        if current.is_none() {
+            // First call since the start: the store as recovered is the snapshot (see
+            // `storage::pinned`). Nothing applied yet: no snapshot.
+            if self.shared.inner.read().last_applied.is_none() {
+                return Ok(None);
+            }
+            *current = Some(Arc::new(pin(&self.shared)?));
+        }
+        Ok(current
+            .clone()
+            .map(|p| Snapshot { meta: p.meta().clone(), snapshot: SnapshotData::deferred(p) }))
     }
 }
 
@@ -287,37 +297,28 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<Snapshot, StorageError> {
-        let shared = self.shared.clone();
-        // Building reads the whole store and writes it to the snapshot file: keep it off the
-        // async runtime's worker threads.
-        let (meta, (bytes, file, base)) = tokio::task::spawn_blocking(move || {
-            let db = shared.engine.db();
-            let view = db.snapshot();
-            let meta = snapshot_meta(&shared.engine, &view)?;
-            let saved = shared.snapshots.save_from(&meta, db, &view)?;
-            Ok::<_, snapshot::SnapshotError>((meta, saved))
-        })
-        .await
-        .map_err(snap_err)?
-        .map_err(snap_err)?;
-        tracing::info!(log_index = meta.last_log_id.map(|l| l.index), bytes, "built snapshot");
-        // The data is the file just written, not a copy in memory.
-        let data = SnapshotData::new(file, base).map_err(snap_err)?;
-        Ok(Snapshot { meta, snapshot: data })
+        // Cheap whatever the store's size: a pinned view and its metadata, no copy
+        // (`storage::pinned`). openraft keeps only the metadata of what this returns.
+        let pinned = Arc::new(pin(&self.shared)?);
+        tracing::info!(log_index = pinned.meta().last_log_id.map(|l| l.index), "built snapshot");
+        set_current(&self.shared, Arc::clone(&pinned));
+        Ok(Snapshot { meta: pinned.meta().clone(), snapshot: SnapshotData::deferred(pinned) })
     }
 }
 
-/// The metadata of a snapshot of `view`: which entry it covers and the membership then, read
-/// from the view's own meta column family, so they describe exactly the cut.
-fn snapshot_meta(
-    engine: &RocksEngine,
-    view: &snapshot::View<'_>,
-) -> Result<SnapshotMeta, snapshot::SnapshotError> {
-    let meta_cf = engine.cf_handle(Cf::Meta);
-    let (last_log_id, last_membership) = raft_progress(|key| view.get_cf(meta_cf, key))?;
-    // openraft 0.10 dropped the snapshot id (it still writes an empty one where 0.9 put it, so
-    // snapshot files keep their layout).
-    Ok(SnapshotMeta { last_log_id, last_membership })
+/// Makes `pinned` the current snapshot unless the current one is newer: a build runs beside
+/// apply and installs, so a build that pinned before an install may finish after it, and the
+/// current snapshot must never go back below what openraft was told (it purges by it).
+fn set_current(shared: &Shared, pinned: Arc<Pinned>) {
+    let mut current = shared.current.lock();
+    if current.as_ref().is_none_or(|c| c.meta().last_log_id <= pinned.meta().last_log_id) {
+        *current = Some(pinned);
+    }
+}
+
+/// Pins the store as it is now as a snapshot (`storage::pinned`).
+fn pin(shared: &Shared) -> Result<Pinned, StorageError> {
+    Pinned::take(&shared.engine, shared.snapshots.dir().to_path_buf()).map_err(snap_err)
 }
 
 #[cfg(test)]

@@ -25,9 +25,19 @@ impl Member {
         Self { dir, sm, index: 0 }
     }
 
-    /// Where this member keeps its snapshot file.
+    /// This member's snapshot directory.
     pub(crate) fn snapshot_dir(&self) -> std::path::PathBuf {
         self.dir.path().join("snapshots")
+    }
+
+    /// Stops the member (its state machine and every handle of its database) and opens it
+    /// again on the same directory, as a restart does.
+    pub(crate) fn restart(self) -> Self {
+        let Self { dir, sm, index } = self;
+        drop(sm);
+        let engine = RocksEngine::open(dir.path().join("db")).expect("reopen rocksdb");
+        let sm = StateMachine::open(engine, dir.path().join("snapshots")).expect("reopen sm");
+        Self { dir, sm, index }
     }
 
     /// Applies `cmd` as the next log entry (term 1) and returns its result.
