@@ -167,10 +167,28 @@ async fn join(
     own_urls: &[String],
     dialer: &PeerDialer,
 ) -> Result<Identity, IdentityError> {
-    let deadline = Instant::now() + JOIN_TIMEOUT;
+    join_within(peers, own_urls, dialer, JOIN_TIMEOUT).await
+}
+
+/// [`join`], asking for at most `timeout`. Each round asks every peer and decides from the
+/// newest membership among the answers (the highest `config_index`, the leader's own view
+/// first on a tie): a member that is catching up (installing a snapshot, say) answers with a
+/// membership from before the latest changes. Session 29's `set` long run saw a rejoining
+/// member refused because the first member it asked still listed the started member it had
+/// been before its removal. So "already started" is final only from the leader's own view; from
+/// a follower's it is believed only if nothing newer shows up before the time is up.
+async fn join_within(
+    peers: &[String],
+    own_urls: &[String],
+    dialer: &PeerDialer,
+    timeout: Duration,
+) -> Result<Identity, IdentityError> {
+    let deadline = Instant::now() + timeout;
     let mut last = String::from("no member to ask in --initial-cluster");
     let mut answered_without_us = false;
+    let mut started_per_follower: Option<IdentityError> = None;
     loop {
+        let mut newest: Option<(&String, MembershipView)> = None;
         for url in peers {
             let view = match query(url, dialer).await {
                 Ok(v) if v.leader_id != 0 && v.config_index > 0 => v,
@@ -183,14 +201,23 @@ async fn join(
                     continue;
                 }
             };
+            let rank = |v: &MembershipView| (v.config_index, v.member_id == v.leader_id);
+            if newest.as_ref().is_none_or(|(_, n)| rank(&view) > rank(n)) {
+                newest = Some((url, view));
+            }
+        }
+        if let Some((url, view)) = &newest {
             let ours =
                 view.members.iter().find(|m| m.peer_ur_ls.iter().any(|u| own_urls.contains(u)));
             match ours {
                 Some(m) if started(m) => {
-                    return Err(IdentityError::AlreadyStarted {
-                        id: m.id,
-                        peer_urls: m.peer_ur_ls.clone(),
-                    })
+                    let e =
+                        IdentityError::AlreadyStarted { id: m.id, peer_urls: m.peer_ur_ls.clone() };
+                    if view.member_id == view.leader_id {
+                        return Err(e);
+                    }
+                    last = format!("{url}: a follower lists member {:#x} as started", m.id);
+                    started_per_follower = Some(e);
                 }
                 Some(m) => {
                     tracing::info!(node_id = m.id, from = %url, "joining an existing cluster");
@@ -201,11 +228,15 @@ async fn join(
             }
         }
         if Instant::now() + JOIN_RETRY >= deadline {
+            if let Some(e) = started_per_follower {
+                return Err(e);
+            }
             if answered_without_us {
                 return Err(IdentityError::NotAdded(own_urls.to_vec()));
             }
-            return Err(IdentityError::NoPeer { timeout: JOIN_TIMEOUT, last });
+            return Err(IdentityError::NoPeer { timeout, last });
         }
+        // Bounded by the deadline above; the query only reads, so asking again is safe.
         tokio::time::sleep(JOIN_RETRY).await;
     }
 }
@@ -228,3 +259,7 @@ async fn check_not_started(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "identity_tests.rs"]
+mod tests;
