@@ -22,6 +22,20 @@ const PROMPT: Duration = Duration::from_secs(15);
 /// the release and the paused member can only catch up by installing a snapshot.
 const SNAPSHOT_COUNT: u64 = 50;
 const WRITES_WHILE_PAUSED: usize = 300;
+/// A purge past this log index is past the paused member's position.
+const PURGED_PAST: u64 = 100;
+/// Bound on the extra rounds of writes that wait for that purge (50 puts each).
+const PURGE_ROUNDS: usize = 40;
+
+/// The highest index the member whose log is `log` has purged its Raft log up to.
+fn purged_up_to(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("purging log"))
+        .filter_map(|l| l.split("log_index=").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(0)
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiter_on_a_member_that_installs_a_snapshot_is_granted() -> Result<()> {
@@ -71,6 +85,22 @@ async fn waiter_on_a_member_that_installs_a_snapshot_is_granted() -> Result<()> 
         c.put(format!("filler/{:03}", i % 100), format!("v{i}"), None)
             .await
             .with_context(|| format!("put #{i}"))?;
+    }
+    // openraft postpones a purge while a replication request covers the entries (one to the
+    // paused member can be in flight), so the writes alone do not always purge past it: a
+    // snapshot build costs nothing since session 29, and the purge that follows it can fall
+    // inside such a request. Write on, bounded, until the leader has purged past the first
+    // PURGED_PAST entries (the paused member stopped before the release, a few dozen entries
+    // into the log).
+    for round in 0..PURGE_ROUNDS {
+        if purged_up_to(&std::fs::read_to_string(cluster.stderr_log(leader))?) >= PURGED_PAST {
+            break;
+        }
+        anyhow::ensure!(round + 1 < PURGE_ROUNDS, "the leader never purged past {PURGED_PAST}");
+        for i in 0..50 {
+            c.put(format!("filler/{:03}", i), format!("r{round}"), None).await?;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
     info!(member = cluster.name(lagger), "SIGCONT: it must install a snapshot and wake the waiter");

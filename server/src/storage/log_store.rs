@@ -387,7 +387,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        tracing::debug!(log_index = log_id.index, "purging log");
+        // Info: once per snapshot at most, and tests read it to know a follower can no longer
+        // catch up from the log (`tests/tests/lock_snapshot.rs`).
+        tracing::info!(log_index = log_id.index, "purging log");
         // Not needed for safety (a purge removes only entries a snapshot covers, and the
         // record never goes down here), but it keeps every synced log write after the
         // acknowledgements of the appends before it, which is simpler to reason about.
