@@ -11,14 +11,14 @@
 //!
 //! A received snapshot is a file. openraft 0.10 receives it through Picket's transfer
 //! (`raft::snapshot_transfer`), which seeks and writes into data from [`SnapshotData::create_temp`];
-//! the sender seeks and reads. Both work on any `AsyncRead + AsyncWrite + AsyncSeek`; positions
-//! are relative to `base`, the start of the blob in the file.
+//! the sender seeks and reads. Both work on any `AsyncRead + AsyncWrite + AsyncSeek`; the file
+//! holds the blob alone, so positions in it are positions in the blob.
 
 use std::io::{self, SeekFrom};
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeek, AsyncSeekExt, AsyncWrite, ReadBuf};
 
@@ -34,14 +34,11 @@ pub trait SnapshotSource: Send + Sync + 'static {
     fn open_blob(&self) -> io::Result<std::fs::File>;
 }
 
-/// A snapshot's blob: the part of `file` from `base` on, or a source not yet written out.
+/// A snapshot's blob: a file holding it, or a source not yet written out.
 pub struct SnapshotData {
     /// `None` while the data is only `source`.
     file: Option<tokio::fs::File>,
     source: Option<Arc<dyn SnapshotSource>>,
-    base: u64,
-    /// A seek was started and not yet completed: its result is a position to translate.
-    seeking: bool,
     /// A file of a snapshot being received: removed when the data is dropped (installed or
     /// abandoned), so no partial snapshot stays on disk.
     temp: Option<PathBuf>,
@@ -51,7 +48,6 @@ impl std::fmt::Debug for SnapshotData {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SnapshotData")
             .field("in_file", &self.file.is_some())
-            .field("base", &self.base)
             .field("temp", &self.temp)
             .finish()
     }
@@ -62,22 +58,10 @@ fn not_spilled() -> io::Error {
 }
 
 impl SnapshotData {
-    /// The blob that starts at byte `base` of `file`, positioned at its start.
-    pub fn new(mut file: std::fs::File, base: u64) -> io::Result<Self> {
-        std::io::Seek::seek(&mut file, SeekFrom::Start(base))?;
-        Ok(Self {
-            file: Some(tokio::fs::File::from_std(file)),
-            source: None,
-            base,
-            seeking: false,
-            temp: None,
-        })
-    }
-
     /// Data that is `source`'s blob, written out only when it is read ([`Self::spill`],
     /// [`Self::read_all`]).
     pub fn deferred(source: Arc<dyn SnapshotSource>) -> Self {
-        Self { file: None, source: Some(source), base: 0, seeking: false, temp: None }
+        Self { file: None, source: Some(source), temp: None }
     }
 
     /// Empty data in a new file at `path` for a snapshot being received; the file is removed
@@ -90,7 +74,7 @@ impl SnapshotData {
             .truncate(true)
             .open(&path)
             .await?;
-        Ok(Self { file: Some(file), source: None, base: 0, seeking: false, temp: Some(path) })
+        Ok(Self { file: Some(file), source: None, temp: Some(path) })
     }
 
     /// Turns deferred data into data read from the source's blob file
@@ -106,7 +90,6 @@ impl SnapshotData {
             .await
             .map_err(io::Error::other)??;
         self.file = Some(tokio::fs::File::from_std(file));
-        self.base = 0;
         Ok(())
     }
 
@@ -180,59 +163,23 @@ impl AsyncWrite for SnapshotData {
 
 impl AsyncSeek for SnapshotData {
     fn start_seek(mut self: Pin<&mut Self>, pos: SeekFrom) -> io::Result<()> {
-        let pos = match pos {
-            SeekFrom::Start(n) => SeekFrom::Start(
-                self.base
-                    .checked_add(n)
-                    .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "seek past u64"))?,
-            ),
-            other => other,
-        };
-        Pin::new(self.file.as_mut().ok_or_else(not_spilled)?).start_seek(pos)?;
-        self.seeking = true;
-        Ok(())
+        Pin::new(self.file.as_mut().ok_or_else(not_spilled)?).start_seek(pos)
     }
 
     fn poll_complete(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<u64>> {
-        let base = self.base;
-        let Some(file) = self.file.as_mut() else { return Poll::Ready(Err(not_spilled())) };
-        let pos = ready!(Pin::new(file).poll_complete(cx))?;
-        if !std::mem::take(&mut self.seeking) {
-            // Asked before a seek starts (tokio's seek does, to finish earlier work): the value
-            // is not used, and tokio's count of a file it did not open may not be inside the
-            // blob.
-            return Poll::Ready(Ok(pos.saturating_sub(base)));
+        match self.file.as_mut() {
+            Some(f) => Pin::new(f).poll_complete(cx),
+            None => Poll::Ready(Err(not_spilled())),
         }
-        // A relative seek to before the blob is an error, not a position in the header.
-        Poll::Ready(pos.checked_sub(base).ok_or_else(|| {
-            io::Error::new(io::ErrorKind::InvalidInput, "seek before the start of the snapshot")
-        }))
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
 
     use tokio::io::AsyncWriteExt;
 
     use super::*;
-
-    #[tokio::test]
-    async fn positions_are_relative_to_the_blob() {
-        let dir = tempfile::TempDir::new().unwrap();
-        let path = dir.path().join("f");
-        let mut f = std::fs::File::create(&path).unwrap();
-        f.write_all(b"HEADERblob-bytes").unwrap();
-        let mut d = SnapshotData::new(std::fs::File::open(&path).unwrap(), 6).unwrap();
-        assert_eq!(d.seek(SeekFrom::End(0)).await.unwrap(), 10, "the blob's length");
-        assert_eq!(d.seek(SeekFrom::Start(5)).await.unwrap(), 5);
-        let mut rest = String::new();
-        d.read_to_string(&mut rest).await.unwrap();
-        assert_eq!(rest, "bytes");
-        assert_eq!(d.read_all().await.unwrap(), b"blob-bytes");
-        assert!(d.seek(SeekFrom::Current(-100)).await.is_err());
-    }
 
     struct Source(&'static [u8], tempfile::TempDir);
 
