@@ -51,6 +51,10 @@ use crate::storage::state_machine::StateMachine;
 use crate::storage::wal_tail::{self, WalTailError};
 use crate::tls::{self, PeerDialer, Side, SideFlags, SideTls};
 
+/// Streams a peer may reset before the peer server took them, per connection, before h2 closes
+/// the connection (see where the peer server is built). h2's default is 20.
+const PEER_RESET_STREAMS: usize = 4096;
+
 /// gRPC framing and header overhead allowed on top of `--max-request-bytes`, as etcd does, so
 /// an oversize request reaches our check and gets etcd's error instead of a transport error.
 const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -228,7 +232,9 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     let shared = sm.shared().clone();
     shared.set_disk_metrics(metrics.disk());
     let raft_config = bootstrap::raft_config(&cfg)?;
-    let raft = Raft::new(node_id, raft_config, Network::new(dialer.clone()), log_store, sm)
+    let sending = crate::raft::snapshot_pace::Sending::default();
+    let network = Network::new(dialer.clone(), sending.clone());
+    let raft = Raft::new(node_id, raft_config, network, log_store, sm)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
     let proposer = Proposer::new(
@@ -281,6 +287,15 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         servers.spawn(
             peer_tls
                 .server_builder(https)?
+                // h2 closes a connection on which more than 20 streams were reset before the
+                // server took them (its guard against "rapid reset" floods). A leader resets
+                // one stream per call that times out, so a member paused for two seconds (a GC
+                // pause, SIGSTOP) found dozens queued when it resumed and dropped the
+                // connection, failing a snapshot transfer in flight on it
+                // (`tests/tests/catch_up_snapshot.rs`). Peers are members of this cluster:
+                // the bound only has to outlast a long pause (one reset per heartbeat per
+                // stream kind), not a hostile client.
+                .http2_max_pending_accept_reset_streams(Some(PEER_RESET_STREAMS))
                 .add_service(svc)
                 .add_service(ClusterServiceServer::new(ClusterPeerService::new(control.clone())))
                 // TCP_NODELAY on accepted peer connections: Raft replies are small and
@@ -424,6 +439,12 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         http_servers.spawn(crate::api::http::serve(l, http_state.clone(), stop_rx.clone()));
     }
     tokio::spawn(crate::metrics::raft::follow(metrics.clone(), raft.clone(), stop_rx.clone()));
+    tokio::spawn(crate::raft::snapshot_pace::run(
+        raft.clone(),
+        cfg.snapshot_count,
+        sending,
+        stop_rx.clone(),
+    ));
     tokio::spawn(crate::api::lease::run_expiry(ctx.clone(), stop_rx.clone()));
     tokio::spawn(crate::api::compact_steps::run(ctx.clone(), stop_rx.clone()));
     // Validated with the rest of the config above (`cfg.validate()`).

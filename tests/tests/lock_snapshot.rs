@@ -111,12 +111,22 @@ async fn waiter_on_a_member_that_installs_a_snapshot_is_granted() -> Result<()> 
         .context("waiter task")?
         .context("lock")?;
     assert_eq!(granted.key(), format!("snap-lk/{waiter_lease:x}").as_bytes());
-    let log = std::fs::read_to_string(cluster.stderr_log(lagger))?;
-    assert!(
-        log.contains("installing snapshot"),
-        "{} caught up without a snapshot: the test did not exercise the install",
-        cluster.name(lagger)
-    );
+    // The premise: the member caught up by installing a snapshot. Since a transfer held open
+    // across the pause completes the moment the member resumes (`snapshot_pace`), the grant can
+    // reach this test a few milliseconds before the member's log shows the install (seen: the
+    // grant 4 ms after SIGCONT, the install line 1 ms later), so look for it with a bound.
+    let log = cluster.stderr_log(lagger).to_path_buf();
+    picket_tests::eventually("the member's snapshot install in its log", PROMPT, || {
+        let log = std::fs::read_to_string(&log);
+        async move {
+            anyhow::ensure!(
+                log?.contains("installing snapshot"),
+                "caught up without a snapshot so far: the test did not exercise the install"
+            );
+            Ok(())
+        }
+    })
+    .await?;
     c.lease_revoke(holder_lease).await?;
     c.lease_revoke(waiter_lease).await?;
     cluster.finish();

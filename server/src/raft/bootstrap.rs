@@ -63,7 +63,10 @@ pub fn raft_config(cfg: &Config) -> Result<Arc<openraft::Config>, openraft::Conf
         // Per snapshot chunk: generous, because a chunk is written and fsynced on a possibly
         // busy follower. A timed-out chunk is simply resent.
         install_snapshot_timeout: 10_000,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_count),
+        // Builds are asked for by `snapshot_pace` every `--snapshot-count` entries, which holds
+        // them back while a snapshot is being sent (openraft's own policy would purge the log
+        // the receiving follower continues from).
+        snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: MAX_CATCH_UP_ENTRIES.min(cfg.snapshot_count),
         ..Default::default()
     };

@@ -20,6 +20,7 @@ pub mod relay_serve;
 mod relay_tests;
 pub mod service;
 pub mod snapshot_data;
+pub mod snapshot_pace;
 pub mod snapshot_transfer;
 pub mod transfer;
 pub mod types;

@@ -22,6 +22,7 @@ use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
 use super::append_stream::{AppendStream, Sent};
+use super::snapshot_pace::Sending;
 use super::types::{Member, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::tls::PeerDialer;
 
@@ -80,12 +81,14 @@ pub struct Network {
     channels: HashMap<NodeId, (String, Channel)>,
     /// Plain text or TLS per peer URL; the default dials plain `http` peers only.
     dialer: PeerDialer,
+    /// Snapshot sends in flight, which hold snapshot builds back (`snapshot_pace`).
+    sending: Sending,
 }
 
 impl Network {
-    /// A network that dials peers with `dialer`.
-    pub fn new(dialer: PeerDialer) -> Self {
-        Network { channels: HashMap::new(), dialer }
+    /// A network that dials peers with `dialer` and counts its snapshot sends in `sending`.
+    pub fn new(dialer: PeerDialer, sending: Sending) -> Self {
+        Network { channels: HashMap::new(), dialer, sending }
     }
 
     fn channel(&mut self, target: NodeId, url: &str) -> Option<Channel> {
@@ -116,7 +119,12 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         if client.is_none() {
             tracing::warn!(node_id = target, url = %url, "invalid peer url");
         }
-        PeerClient { target, client, appends: AppendStream::default() }
+        PeerClient {
+            target,
+            client,
+            appends: AppendStream::default(),
+            sending: self.sending.clone(),
+        }
     }
 }
 
@@ -126,6 +134,7 @@ pub struct PeerClient {
     client: Option<RaftServiceClient<Channel>>,
     /// AppendEntries over one stream for the client's life (`append_stream`).
     appends: AppendStream,
+    sending: Sending,
 }
 
 type RpcResult<T> = Result<T, RPCError<TypeConfig>>;
@@ -244,7 +253,18 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
                 "invalid peer url",
             ))));
         };
-        super::snapshot_transfer::send(client, vote, snapshot, cancel, option).await
+        let index = snapshot.meta.last_log_id.map_or(0, |l| l.index);
+        // Counted until this call returns or is dropped: builds wait meanwhile (`snapshot_pace`).
+        let _sending = self.sending.start();
+        tracing::info!(peer = self.target, snapshot_index = index, "sending snapshot");
+        let sent = super::snapshot_transfer::send(client, vote, snapshot, cancel, option).await;
+        match &sent {
+            Ok(_) => tracing::info!(peer = self.target, snapshot_index = index, "snapshot sent"),
+            Err(e) => {
+                tracing::info!(peer = self.target, snapshot_index = index, error = %e, "snapshot send failed")
+            }
+        }
+        sent
     }
 
     async fn vote(
