@@ -560,6 +560,12 @@ impl Cluster {
         &self.members[i].stderr_log
     }
 
+    /// How many lines of member `i`'s stderr log contain every one of `all`.
+    pub fn log_lines(&self, i: usize, all: &[&str]) -> Result<usize> {
+        let log = std::fs::read_to_string(&self.members[i].stderr_log)?;
+        Ok(log.lines().filter(|l| all.iter().all(|p| l.contains(p))).count())
+    }
+
     /// The tail of member `i`'s stderr log (where picketd logs).
     pub fn log_tail(&self, i: usize) -> String {
         picket_procs::logs::tail(&self.members[i].stderr_log, LOG_TAIL_LINES)

@@ -41,14 +41,6 @@ const WRITES_DURING_TRANSFER: u64 = 4 * SNAPSHOT_COUNT;
 /// (`install_snapshot_timeout`), and the writes in between take a second or two.
 const CATCH_UP: Duration = Duration::from_secs(30);
 
-/// Lines of `log` that contain `what` and, if given, `and`.
-fn count(log: &std::path::Path, what: &str, and: Option<&str>) -> Result<usize> {
-    Ok(std::fs::read_to_string(log)?
-        .lines()
-        .filter(|l| l.contains(what) && and.is_none_or(|a| l.contains(a)))
-        .count())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_installs_one_snapshot_while_writes_go_on() -> Result<()> {
     picket_tests::init_tracing();
@@ -65,7 +57,7 @@ async fn a_follower_installs_one_snapshot_while_writes_go_on() -> Result<()> {
     // The leader starts the transfer once it has purged its log past the paused member, a few
     // snapshot intervals in; the first chunk then waits for the member's answer.
     for round in 0..SEND_ROUNDS {
-        if count(cluster.stderr_log(leader), "sending snapshot", Some(&peer))? > 0 {
+        if cluster.log_lines(leader, &["sending snapshot", &peer])? > 0 {
             break;
         }
         anyhow::ensure!(
@@ -97,8 +89,8 @@ async fn a_follower_installs_one_snapshot_while_writes_go_on() -> Result<()> {
     })
     .await?;
 
-    let sends = count(cluster.stderr_log(leader), "sending snapshot", Some(&peer))?;
-    let installs = count(cluster.stderr_log(lagger), "installing snapshot", None)?;
+    let sends = cluster.log_lines(leader, &["sending snapshot", &peer])?;
+    let installs = cluster.log_lines(lagger, &["installing snapshot"])?;
     assert_eq!(
         (sends, installs),
         (1, 1),
@@ -107,7 +99,7 @@ async fn a_follower_installs_one_snapshot_while_writes_go_on() -> Result<()> {
         cluster.name(lagger)
     );
     assert_eq!(
-        count(cluster.stderr_log(lagger), "pending-accept streams reached limit", None)?,
+        cluster.log_lines(lagger, &["pending-accept streams reached limit"])?,
         0,
         "{} dropped its peer connection on resuming (h2's reset-stream guard)",
         cluster.name(lagger)
