@@ -102,6 +102,7 @@ pub async fn run(raft: Raft, every: u64, sending: Sending, mut stop: watch::Rece
     let mut deferring = false;
     // The snapshot index at which a build was last asked for, and when.
     let mut asked: Option<(u64, Instant)> = None;
+    let metrics = raft.metrics();
     loop {
         if *stop.borrow() {
             return;
@@ -112,8 +113,7 @@ pub async fn run(raft: Raft, every: u64, sending: Sending, mut stop: watch::Rece
             _ = stop.wait_for(|s| *s) => return,
         }
         let (applied, snapshot) = {
-            let m = raft.metrics();
-            let m = m.borrow_watched();
+            let m = metrics.borrow_watched();
             (m.last_applied.map_or(0, |l| l.index), m.snapshot.map_or(0, |l| l.index))
         };
         match decide(applied, snapshot, sending.any(), every) {
