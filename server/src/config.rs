@@ -98,6 +98,13 @@ pub struct Config {
     #[arg(long = "election-timeout", env = "PICKET_ELECTION_TIMEOUT", default_value_t = DEFAULT_ELECTION_MS)]
     pub election_timeout_ms: u64,
 
+    /// Pre-Vote (etcd's `--pre-vote`; on by default, as in etcd 3.5): a member whose election
+    /// timer ran out first asks whether it would win, without raising its term, so a member
+    /// back from a pause or a partition does not depose a healthy leader. `--pre-vote=false`
+    /// turns it off.
+    #[arg(long = "pre-vote", env = "PICKET_PRE_VOTE", num_args = 0..=1, default_value_t = true, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub pre_vote: bool,
+
     /// Number of applied entries after which a snapshot is taken and the log purged behind it.
     #[arg(long = "snapshot-count", env = "PICKET_SNAPSHOT_COUNT", default_value_t = DEFAULT_SNAPSHOT_COUNT)]
     pub snapshot_count: u64,
@@ -625,6 +632,15 @@ mod tests {
         assert!(refused("1025").contains("--runtime-threads"), "{}", refused("1025"));
         assert!(refused("-1").contains("--runtime-threads"));
         assert!(refused("two").contains("--runtime-threads"));
+    }
+
+    #[test]
+    fn pre_vote_is_on_unless_turned_off_as_in_etcd() {
+        assert!(parse(&[]).pre_vote);
+        assert!(parse(&["--pre-vote"]).pre_vote);
+        assert!(parse(&["--pre-vote=true"]).pre_vote);
+        assert!(!parse(&["--pre-vote=false"]).pre_vote);
+        assert!(Config::try_parse_from(["picketd", "--pre-vote=maybe"]).is_err());
     }
 
     #[test]

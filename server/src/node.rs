@@ -438,7 +438,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         }
         http_servers.spawn(crate::api::http::serve(l, http_state.clone(), stop_rx.clone()));
     }
-    tokio::spawn(crate::metrics::raft::follow(metrics.clone(), raft.clone(), stop_rx.clone()));
+    tokio::spawn(crate::metrics::raft::follow(metrics.clone(), proposer.clone(), stop_rx.clone()));
     tokio::spawn(crate::raft::snapshot_pace::run(
         raft.clone(),
         cfg.snapshot_count,
@@ -463,6 +463,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         cfg.advertise_client_urls(),
     ));
     tokio::spawn(crate::raft::member_tasks::watch_removal(control.clone(), health_reporter));
+    tokio::spawn(crate::raft::member_tasks::leave_joint(control.clone()));
     tracing::info!(node_id, client_urls = ?cfg.advertise_client_urls(), "picketd serving");
     Ok(RunningNode {
         node_id,

@@ -141,7 +141,9 @@ impl Maintenance for MaintenanceService {
         let membership = m.membership_config.membership();
         let is_learner =
             membership.get_node(&id).is_some() && !membership.voter_ids().any(|v| v == id);
-        let leader = m.current_leader.unwrap_or(0);
+        // Not openraft's `current_leader`: with Pre-Vote a follower keeps naming a leader it no
+        // longer hears from (`raft::leader_contact`).
+        let leader = self.control.leader().unwrap_or(0);
         let mut errors = Vec::new();
         if leader == 0 {
             errors.push(NO_LEADER.to_string());

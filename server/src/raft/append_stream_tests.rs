@@ -1,5 +1,6 @@
 //! The client side of AppendEntriesStream against fake peers: the switch from unary calls, one
-//! stream for many calls, answers matched by number, abandoned calls, and old peers.
+//! stream for many calls, answers matched by number, abandoned calls, and old peers (also their
+//! answer to Pre-Vote, which they do not know).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,6 +94,9 @@ impl RaftService for Fake {
     async fn vote(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         nope()
     }
+    async fn pre_vote(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        nope()
+    }
     async fn install_snapshot(
         &self,
         _: Request<RaftPayload>,
@@ -155,6 +159,7 @@ impl RaftService for Fake {
 struct Peer {
     client: RaftServiceClient<Channel>,
     streams: Arc<AtomicU64>,
+    url: String,
 }
 
 async fn peer(mode: Mode) -> Peer {
@@ -168,8 +173,9 @@ async fn peer(mode: Mode) -> Peer {
             .add_service(RaftServiceServer::new(fake).max_encoding_message_size(usize::MAX))
             .serve_with_incoming(TcpListenerStream::new(listener)),
     );
-    let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect_lazy();
-    Peer { client: super::network::peer_client(channel), streams }
+    let url = format!("http://{addr}");
+    let channel = Channel::from_shared(url.clone()).unwrap().connect_lazy();
+    Peer { client: super::network::peer_client(channel), streams, url }
 }
 
 async fn answer(s: &mut AppendStream, p: &Peer, bytes: &[u8]) -> Result<Vec<u8>, Status> {
@@ -252,4 +258,29 @@ async fn a_forward_reply_over_4_mib_reaches_every_caller() {
         let r = o.unwrap_or_else(|e| panic!("command {i}: {e}")).result;
         assert!(r.encoded_len() > BIG_RESULT, "command {i}: a result of {}", r.encoded_len());
     }
+}
+
+/// A member from before Pre-Vote answers `PreVote` with `Unimplemented`: that counts as a grant
+/// (openraft's rule for peers without Pre-Vote), so a cluster mid-upgrade can still elect. A
+/// peer that cannot be reached is no grant.
+#[tokio::test]
+async fn pre_vote_to_a_member_without_it_is_granted_and_to_a_dead_one_is_not() {
+    use openraft::network::{RPCOption, RaftNetworkFactory};
+    use openraft::raft::VoteRequest;
+    use openraft::RaftNetworkV2;
+
+    use super::network::Network;
+    use super::types::{Member, Vote};
+
+    let p = peer(Mode::Old).await;
+    let member = |url: &str| Member { peer_urls: vec![url.to_string()], ..Default::default() };
+    let mut net = Network::default();
+    let req = VoteRequest::new(Vote::new(3, 1), None);
+    let option = RPCOption::new(Duration::from_secs(2));
+    let mut old = net.new_client(2, &member(&p.url)).await;
+    let resp = old.pre_vote(req.clone(), option.clone()).await.expect("an old member's answer");
+    assert!(resp.vote_granted, "{resp:?}");
+    tracing::info!("a peer that refuses connections does not count as granting");
+    let mut dead = net.new_client(3, &member("http://127.0.0.1:1")).await;
+    assert!(dead.pre_vote(req, option).await.is_err());
 }

@@ -68,6 +68,10 @@ pub fn raft_config(cfg: &Config) -> Result<Arc<openraft::Config>, openraft::Conf
         // the receiving follower continues from).
         snapshot_policy: SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: MAX_CATCH_UP_ENTRIES.min(cfg.snapshot_count),
+        // `--pre-vote`: a member whose election timer ran out while it was paused or cut off
+        // first asks whether it would win; without it, its raised term deposes a healthy
+        // leader as soon as it can talk again (tests/pre_vote.rs).
+        enable_pre_vote: Some(cfg.pre_vote),
         ..Default::default()
     };
     Ok(Arc::new(raft.validate()?))

@@ -8,6 +8,8 @@
 //!   replicating to it), so a member that has been without a leader for a while asks its peers
 //!   for their membership; a newer membership without it means it was removed.
 //! - [`auto_promote`]: promotes a member added as a voter once it has caught up as a learner.
+//! - [`leave_joint`]: on the leader, completes a joint configuration that a change cut off
+//!   between its two steps left behind (etcd raft's auto-leave).
 
 use std::time::Duration;
 
@@ -43,6 +45,11 @@ const AUTO_PROMOTE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Pause between promotion attempts of a learner that is not caught up yet.
 const AUTO_PROMOTE_RETRY: Duration = Duration::from_millis(500);
+
+/// How often every member checks for a joint configuration to leave. Cheap (two watch reads
+/// when there is none), and short so a removal cut off by its request timeout completes before
+/// anyone reads the member list and takes it for not applied.
+const JOINT_POLL: Duration = Duration::from_millis(200);
 
 /// Sleeps for `d`, or returns `false` early if the member is stopping.
 async fn pause(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
@@ -200,4 +207,27 @@ pub async fn auto_promote(control: ClusterControl, id: NodeId) {
         "added member did not catch up within {AUTO_PROMOTE_TIMEOUT:?}; it stays a learner \
          (promote it with `member promote` once it runs)"
     );
+}
+
+/// Completes joint configurations while this member leads (see
+/// [`ClusterControl::leave_joint`]). A failed attempt (lost leadership, timeout, a transfer
+/// handed to another member) is retried at the next poll; completing is idempotent, since the
+/// target is read from the membership each time.
+pub async fn leave_joint(control: ClusterControl) {
+    let mut stop = control.stop_signal();
+    while pause(&mut stop, JOINT_POLL).await {
+        if control.is_removed() {
+            return;
+        }
+        match control.leave_joint().await {
+            Ok(true) => tracing::info!("left the joint configuration"),
+            Ok(false) => {}
+            Err(MembershipError::NotLeader(Some(next))) => {
+                tracing::info!(next, "handed leadership over to leave the joint configuration")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "leaving the joint configuration failed; retrying")
+            }
+        }
+    }
 }

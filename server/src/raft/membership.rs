@@ -14,8 +14,13 @@
 //!   uniform step; it is safe because it never changes peer URLs.
 //! - **Changes run on the leader, one at a time.** Any member accepts a request and forwards it
 //!   over `picket.raft.v1.ClusterService/Execute` to the leader, which serializes changes with a
-//!   mutex and first completes a joint configuration left over by an earlier leader (openraft
-//!   can stop in the joint configuration if leadership moves between the two steps).
+//!   mutex.
+//! - **No joint configuration is left behind.** openraft runs a voter change as two entries
+//!   (joint, then new) from one call; a leader change or a request timeout between them leaves
+//!   the joint configuration committed and nothing to take the second step. The leader
+//!   completes such a configuration on its own (`member_tasks::leave_joint`, etcd raft's
+//!   auto-leave) and before every change it runs, handing leadership over first when the new
+//!   configuration leaves it out.
 //! - **Retries are idempotent.** Each operation names its target state; a new member's id is
 //!   chosen by the member that received the request, before anything is proposed. When an
 //!   attempt's outcome is lost (leader change, broken connection), the next attempt is marked
@@ -231,9 +236,9 @@ impl ClusterControl {
         self.inner.leader_lease
     }
 
-    /// The leader this member follows (or is), if it knows one.
+    /// The leader this member follows (or is), while it hears from it (`leader_contact`).
     pub fn leader(&self) -> Option<NodeId> {
-        self.inner.raft.metrics().borrow_watched().current_leader
+        self.inner.proposer.leader()
     }
 
     pub fn metrics(&self) -> RaftMetrics<TypeConfig> {
@@ -387,7 +392,7 @@ impl ClusterControl {
     ) -> Result<Vec<PbMember>, MembershipError> {
         let _guard = self.inner.ops.lock().await;
         self.ensure_leader()?;
-        self.finish_joint().await?;
+        self.finish_joint(deadline).await?;
         let retry = req.retry;
         match req.op.clone() {
             Some(Op::Add(AddMember { id, peer_urls })) => self.add(id, peer_urls, retry).await?,
@@ -507,17 +512,53 @@ impl ClusterControl {
         }
     }
 
-    /// Completes a joint configuration (left by a leader that lost leadership between the two
-    /// steps of a change) by moving to its newer half.
-    async fn finish_joint(&self) -> Result<(), MembershipError> {
+    /// Completes a joint configuration by moving to its newer half. One is left behind when a
+    /// change stops between its two steps: its leader lost leadership, or its request timed out
+    /// (which drops openraft's `change_membership` before the second step). A leader that the
+    /// newer half leaves out hands leadership to the most caught-up voter of that half first
+    /// (as `remove` does) and answers `NotLeader`; the new leader then completes it.
+    async fn finish_joint(&self, deadline: Instant) -> Result<(), MembershipError> {
         let m = self.effective();
         let configs = m.get_joint_config();
-        if configs.len() > 1 {
-            let target = configs.last().cloned().unwrap_or_default();
-            tracing::warn!(voters = ?target, "membership is joint; completing the change");
-            self.change(ChangeMembers::ReplaceAllVoters(target), false).await?;
+        if configs.len() <= 1 {
+            return Ok(());
         }
-        Ok(())
+        let target = configs.last().cloned().unwrap_or_default();
+        let me = self.inner.node_id;
+        if !target.contains(&me) {
+            let Some(next) = self.most_caught_up_voter(&target, me) else {
+                return Err(MembershipError::NotEnoughMembers);
+            };
+            tracing::warn!(
+                voters = ?target,
+                next,
+                "membership is joint and leaves this leader out; transferring first"
+            );
+            super::transfer::transfer(self, next, deadline).await?;
+            return Err(MembershipError::NotLeader(Some(next)));
+        }
+        tracing::warn!(voters = ?target, "membership is joint; completing the change");
+        self.change(ChangeMembers::ReplaceAllVoters(target), false).await
+    }
+
+    /// Called periodically on every member (`member_tasks::leave_joint`): if this member leads,
+    /// has applied (so committed) a joint configuration and runs no membership change of its
+    /// own, completes the joint configuration, within the request timeout. Returns whether it
+    /// acted. An operation in progress holds `ops` and completes (or, cut off, leaves) the
+    /// configuration itself, so skipping while `ops` is held never races with it.
+    pub(crate) async fn leave_joint(&self) -> Result<bool, MembershipError> {
+        if self.inner.sm.membership().membership().get_joint_config().len() <= 1
+            || self.leader() != Some(self.inner.node_id)
+        {
+            return Ok(false);
+        }
+        let Ok(_guard) = self.inner.ops.try_lock() else { return Ok(false) };
+        self.ensure_leader()?;
+        let deadline = Instant::now() + self.inner.proposer.request_timeout();
+        match tokio::time::timeout_at(deadline, self.finish_joint(deadline)).await {
+            Ok(r) => r.map(|()| true),
+            Err(_) => Err(MembershipError::Timeout),
+        }
     }
 
     async fn add(

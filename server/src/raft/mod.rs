@@ -9,6 +9,7 @@ pub mod batcher;
 pub mod bootstrap;
 pub mod forward;
 pub mod identity;
+pub mod leader_contact;
 pub mod member_tasks;
 pub mod membership;
 pub mod network;

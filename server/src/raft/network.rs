@@ -274,6 +274,27 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
     ) -> RpcResult<VoteResponse<TypeConfig>> {
         self.call(&rpc, &option, |mut c, p| Box::pin(async move { c.vote(p).await })).await
     }
+
+    /// A member from before Pre-Vote answers `Unimplemented`: counted as a grant, as openraft
+    /// counts a network without `pre_vote`, so a rolling upgrade never blocks elections. Any
+    /// other failure is an error (not a grant), as openraft requires.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> RpcResult<VoteResponse<TypeConfig>> {
+        let payload = encode(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let mut client = self.client.clone().ok_or_else(invalid_url)?;
+        // Bounded like every unary call; openraft starts a new round at the next timeout.
+        match tokio::time::timeout(option.hard_ttl(), client.pre_vote(payload)).await {
+            Err(_) => Err(timed_out()),
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                Ok(VoteResponse::new(rpc.vote, None, true))
+            }
+            Ok(Err(status)) => Err(RPCError::Unreachable(Unreachable::new(&status))),
+            Ok(Ok(r)) => self.answer(&r.into_inner().payload),
+        }
+    }
 }
 
 #[cfg(test)]

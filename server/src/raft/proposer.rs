@@ -32,6 +32,7 @@ use tonic::{Code, Status};
 
 use super::batcher::{Applied, EntrySink, Limits, ProposalBatcher};
 use super::forward::{Forwarder, LeaderLink};
+use super::leader_contact::LeaderContact;
 use super::network::{peer_channel, peer_client};
 use super::read_index::{ReadIndexBatcher, ReadIndexSource};
 use super::relay::{LeaderRelay, RelaySlot};
@@ -117,6 +118,8 @@ struct Inner {
     leader_reads: ReadIndexBatcher<LeaderReads>,
     /// Group commit of this member's proposals (see [`super::batcher`]).
     writes: ProposalBatcher<LocalWrites>,
+    /// When a leader was last heard from (`super::leader_contact`).
+    contact: LeaderContact,
     /// Grouped forwarding of proposals to the leader while another member leads
     /// ([`super::forward`]).
     forwards: ProposalBatcher<Forwarder<Inner>>,
@@ -135,7 +138,13 @@ impl Proposer {
         // The batchers' sources need the proposer (pause flag, peer clients) and live inside it,
         // so they hold a weak reference: no cycle, and a source outliving the proposer (a round
         // still running at shutdown) just reports `Stopped`.
+        // A follower without Pre-Vote campaigns 1.25-1.5 election timeouts after the last
+        // heartbeat (`bootstrap::raft_config`): leader lease (election_timeout_max) plus a
+        // randomized timeout below election_timeout_max. Past that, no leader is named.
+        let contact =
+            LeaderContact::new(Duration::from_millis(2 * raft.config().election_timeout_max));
         let inner = Arc::new_cyclic(|me: &Weak<Inner>| Inner {
+            contact,
             raft,
             node_id,
             request_timeout,
@@ -161,6 +170,18 @@ impl Proposer {
 
     pub fn raft(&self) -> &Raft {
         &self.inner.raft
+    }
+
+    /// The leader this member follows (or itself, when it leads), while it hears from it; see
+    /// `super::leader_contact`. What `Status`, `hasleader` and the health checks report.
+    pub fn leader(&self) -> Option<NodeId> {
+        let current = self.inner.raft.metrics().borrow_watched().current_leader;
+        self.inner.contact.leader(current, self.inner.node_id)
+    }
+
+    /// Records an append or snapshot chunk from `leader` that Raft accepted.
+    pub(crate) fn heard_from(&self, leader: NodeId) {
+        self.inner.contact.heard(leader);
     }
 
     pub fn node_id(&self) -> NodeId {

@@ -148,6 +148,9 @@ impl RaftService for Fake {
     async fn vote(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         nope()
     }
+    async fn pre_vote(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        nope()
+    }
     async fn install_snapshot(
         &self,
         _: Request<RaftPayload>,

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use futures::Stream;
 use tokio::sync::watch;
 
+use openraft::error::RaftError;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
 use picket_proto::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
 };
@@ -20,7 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::network::{decode, encode};
 use super::proposer::{ProposeError, Proposer};
 use super::snapshot_transfer::{Chunk, Receiver};
-use super::types::Command;
+use super::types::{Command, NodeId, TypeConfig, Vote};
 use crate::storage::shared::Shared;
 
 /// The snapshot chunks' receiver and the state machine that names their temp files.
@@ -72,6 +74,25 @@ impl PeerService {
     }
 }
 
+/// The member a vote names as leader: the sender of an append or a snapshot chunk.
+fn vote_leader(vote: &Vote) -> NodeId {
+    *openraft::vote::RaftLeaderId::node_id(vote.leader_id())
+}
+
+/// Hands an append to Raft and, when Raft accepted its sender as leader (anything but a higher
+/// vote), records the contact (`leader_contact`).
+async fn append(
+    proposer: &Proposer,
+    rpc: AppendEntriesRequest<TypeConfig>,
+) -> Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>> {
+    let leader = vote_leader(&rpc.vote);
+    let answer = proposer.raft().append_entries(rpc).await;
+    if matches!(&answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+        proposer.heard_from(leader);
+    }
+    answer
+}
+
 fn bad_payload(e: postcard::Error) -> Status {
     Status::invalid_argument(format!("picket: undecodable raft payload: {e}"))
 }
@@ -92,7 +113,7 @@ impl RaftService for PeerService {
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let rpc = decode(&req.get_ref().payload).map_err(bad_payload)?;
-        reply(&self.proposer.raft().append_entries(rpc).await)
+        reply(&append(&self.proposer, rpc).await)
     }
 
     type AppendEntriesStreamStream =
@@ -107,9 +128,9 @@ impl RaftService for PeerService {
         &self,
         req: Request<Streaming<RaftFrame>>,
     ) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
-        let state = Some((req.into_inner(), self.stop.clone(), self.proposer.raft().clone()));
+        let state = Some((req.into_inner(), self.stop.clone(), self.proposer.clone()));
         let answers = futures::stream::unfold(state, |state| async move {
-            let (mut inbound, mut stop, raft) = state?;
+            let (mut inbound, mut stop, proposer) = state?;
             let frame = tokio::select! {
                 next = inbound.message() => match next {
                     Ok(Some(frame)) => frame,
@@ -125,9 +146,9 @@ impl RaftService for PeerService {
                 Ok(rpc) => rpc,
                 Err(e) => return Some((Err(bad_payload(e)), None)),
             };
-            let answer = encode_reply(&raft.append_entries(rpc).await)
+            let answer = encode_reply(&append(&proposer, rpc).await)
                 .map(|p| RaftFrame { seq: frame.seq, payload: p.payload });
-            let next = answer.is_ok().then_some((inbound, stop, raft));
+            let next = answer.is_ok().then_some((inbound, stop, proposer));
             Some((answer, next))
         });
         Ok(Response::new(Box::pin(answers)))
@@ -140,17 +161,31 @@ impl RaftService for PeerService {
     }
 
     #[tracing::instrument(level = "trace", skip_all)]
+    async fn pre_vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        // Only members that know Pre-Vote send it, all in openraft 0.10's layout.
+        let rpc = decode(&req.get_ref().payload).map_err(bad_payload)?;
+        reply(&self.proposer.raft().pre_vote(rpc).await)
+    }
+
+    #[tracing::instrument(level = "trace", skip_all)]
     async fn install_snapshot(
         &self,
         req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let chunk: Chunk = decode(&req.get_ref().payload).map_err(bad_payload)?;
+        let vote = chunk.vote;
         let shared = &self.snapshots.shared;
         let answer = self
             .snapshots
             .receiver
             .chunk(self.proposer.raft(), chunk, || shared.snapshot_receiving_path())
             .await?;
+        // The receiver answers its own vote; the sender is this member's leader unless that vote
+        // is newer than the sender's (a follower busy installing a large snapshot keeps naming
+        // its leader).
+        if matches!(&answer, Ok(r) if r.vote == vote) {
+            self.proposer.heard_from(vote_leader(&vote));
+        }
         reply(&answer)
     }
 
