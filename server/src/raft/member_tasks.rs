@@ -51,6 +51,12 @@ const AUTO_PROMOTE_RETRY: Duration = Duration::from_millis(500);
 /// anyone reads the member list and takes it for not applied.
 const JOINT_POLL: Duration = Duration::from_millis(200);
 
+/// Pause after a failed attempt to leave a joint configuration. A failure is a timeout or a
+/// failed leader transfer, and each transfer attempt holds the leader's writes back for a
+/// leader lease: retrying every [`JOINT_POLL`] while, say, the chosen member is down would stall
+/// writes over and over.
+const JOINT_RETRY: Duration = Duration::from_secs(2);
+
 /// Sleeps for `d`, or returns `false` early if the member is stopping.
 async fn pause(stop: &mut watch::Receiver<bool>, d: Duration) -> bool {
     if *stop.borrow() {
@@ -226,7 +232,10 @@ pub async fn leave_joint(control: ClusterControl) {
                 tracing::info!(next, "handed leadership over to leave the joint configuration")
             }
             Err(e) => {
-                tracing::warn!(error = %e, "leaving the joint configuration failed; retrying")
+                tracing::warn!(error = %e, "leaving the joint configuration failed; retrying");
+                if !pause(&mut stop, JOINT_RETRY).await {
+                    return;
+                }
             }
         }
     }
