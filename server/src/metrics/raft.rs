@@ -25,6 +25,10 @@ fn gauge(v: u64) -> i64 {
 /// Updates the Raft families until Raft shuts down or `stop` turns true.
 pub async fn follow(metrics: Arc<Metrics>, proposer: Proposer, mut stop: watch::Receiver<bool>) {
     let mut rx = proposer.raft().metrics();
+    // One timer for the task's life, not one registered and dropped per metrics change (there
+    // are several per write).
+    let mut leader_check = tokio::time::interval(LEADER_CHECK);
+    leader_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut last_leader: Option<NodeId> = None;
     loop {
         {
@@ -50,7 +54,7 @@ pub async fn follow(metrics: Arc<Metrics>, proposer: Proposer, mut stop: watch::
                     return;
                 }
             }
-            _ = tokio::time::sleep(LEADER_CHECK) => {}
+            _ = leader_check.tick() => {}
             _ = stop.wait_for(|s| *s) => return,
         }
     }
