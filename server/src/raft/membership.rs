@@ -547,8 +547,9 @@ impl ClusterControl {
     /// acted. An operation in progress holds `ops` and completes (or, cut off, leaves) the
     /// configuration itself, so skipping while `ops` is held never races with it.
     pub(crate) async fn leave_joint(&self) -> Result<bool, MembershipError> {
-        if self.inner.sm.membership().membership().get_joint_config().len() <= 1
-            || self.leader() != Some(self.inner.node_id)
+        // Leadership first: a follower (most calls) then never copies the membership.
+        if self.leader() != Some(self.inner.node_id)
+            || self.inner.sm.membership().membership().get_joint_config().len() <= 1
         {
             return Ok(false);
         }
