@@ -34,11 +34,22 @@ use super::proposer::{never_sent, ProposeError, Proposer, NOT_LEADER};
 use super::relay::{Failure, LeaderRelay};
 use super::types::Command;
 
-/// Groups in flight from one follower at once. Two, so that while one group is at the leader
-/// (inside its current entry) the next one is already queued there for the following entry;
-/// with one, commands arriving meanwhile would reach the leader only after its next entry
-/// started and wait a whole entry longer.
-pub const MAX_IN_FLIGHT: usize = 2;
+/// Groups in flight from one follower at once: enough that a command reaching a follower goes
+/// to the leader at once (grouped only with commands that arrived together), and joins the
+/// leader's next entry as a command on the leader itself would.
+///
+/// It was two when each group was its own unary RPC. A group holds its slot until the leader
+/// has applied it and answered, and the leader starts its next entry as soon as it has applied
+/// the previous one; so with two groups out (one inside the leader's current entry, one queued
+/// for the next), a command arriving at the follower waited for a slot, and reached the leader
+/// after the next entry had started: a whole entry later than on the leader (a grant or revoke
+/// through a follower took 3.0-3.4 ms against 1.9 on the leader under lease cycle x16). On the
+/// relay stream a group is one message each way, so waiting to group more saved little: 32
+/// against 2, every row ahead in 4 of 4 rounds, lease cycle x16 +18 % (CPU per cycle -13 %),
+/// queue x16 +12 %, lock uncontended +11 %, put x64 +5 % (docs/benchmarks.md, "Issue 20,
+/// session 32"). Still a bound: the leader reads at most `relay_serve::MAX_CALLS` calls at
+/// once from each stream.
+pub const MAX_IN_FLIGHT: usize = 32;
 
 /// How a forwarding member reaches the leader; the proposer implements it.
 pub trait LeaderLink: Send + Sync + 'static {

@@ -62,6 +62,9 @@ const IN_FLIGHT_ENV: &str = "PICKET_BATCH_IN_FLIGHT";
 /// Overrides [`super::batcher::LIGHT_COMMANDS`] (0 turns the extra entry off). For benchmarks
 /// only, like [`IN_FLIGHT_ENV`].
 const LIGHT_ENV: &str = "PICKET_BATCH_LIGHT";
+/// Overrides [`super::forward::MAX_IN_FLIGHT`], the forwarded groups a follower keeps in flight
+/// to the leader. For benchmarks only, like [`IN_FLIGHT_ENV`].
+const FORWARD_IN_FLIGHT_ENV: &str = "PICKET_FORWARD_IN_FLIGHT";
 
 #[derive(Debug, Clone, Error)]
 #[non_exhaustive]
@@ -159,7 +162,7 @@ impl Proposer {
             forwards: ProposalBatcher::new(
                 Forwarder::new(me.clone()),
                 Limits {
-                    max_in_flight: super::forward::MAX_IN_FLIGHT,
+                    max_in_flight: forward_in_flight(),
                     entry_timeout: request_timeout,
                     ..Limits::default()
                 },
@@ -459,6 +462,20 @@ fn batch_limits(request_timeout: Duration) -> Limits {
         limits.light_commands = k;
     }
     limits
+}
+
+/// The forwarded groups a follower keeps in flight ([`FORWARD_IN_FLIGHT_ENV`] overrides it).
+fn forward_in_flight() -> usize {
+    match env_count(FORWARD_IN_FLIGHT_ENV) {
+        Some(k) if k > 0 => {
+            tracing::info!(
+                in_flight = k,
+                "forwarded groups in flight overridden by {FORWARD_IN_FLIGHT_ENV}"
+            );
+            k
+        }
+        _ => super::forward::MAX_IN_FLIGHT,
+    }
 }
 
 /// A count from the environment variable `name`, if it is set to one.
