@@ -161,11 +161,7 @@ impl Proposer {
             writes: ProposalBatcher::new(LocalWrites(me.clone()), batch_limits(request_timeout)),
             forwards: ProposalBatcher::new(
                 Forwarder::new(me.clone()),
-                Limits {
-                    max_in_flight: forward_in_flight(),
-                    entry_timeout: request_timeout,
-                    ..Limits::default()
-                },
+                forward_limits(request_timeout),
             ),
         });
         Self { inner }
@@ -454,33 +450,30 @@ fn batch_limits(request_timeout: Duration) -> Limits {
         ..Limits::default()
     };
     if let Some(k) = env_count(IN_FLIGHT_ENV) {
-        tracing::info!(in_flight = k, "group commit pipeline depth overridden by {IN_FLIGHT_ENV}");
         limits.max_in_flight = k;
     }
     if let Some(k) = env_count(LIGHT_ENV) {
-        tracing::info!(light = k, "group commit light-load extra entry overridden by {LIGHT_ENV}");
         limits.light_commands = k;
     }
     limits
 }
 
-/// The forwarded groups a follower keeps in flight ([`FORWARD_IN_FLIGHT_ENV`] overrides it).
-fn forward_in_flight() -> usize {
-    match env_count(FORWARD_IN_FLIGHT_ENV) {
-        Some(k) if k > 0 => {
-            tracing::info!(
-                in_flight = k,
-                "forwarded groups in flight overridden by {FORWARD_IN_FLIGHT_ENV}"
-            );
-            k
-        }
-        _ => super::forward::MAX_IN_FLIGHT,
-    }
+/// The forwarding batcher's limits: each group bounded by the request timeout, and
+/// [`super::forward::MAX_IN_FLIGHT`] groups in flight, overridable for benchmarks (never 0,
+/// which would send nothing).
+fn forward_limits(request_timeout: Duration) -> Limits {
+    let max_in_flight = env_count(FORWARD_IN_FLIGHT_ENV)
+        .filter(|k| *k > 0)
+        .unwrap_or(super::forward::MAX_IN_FLIGHT);
+    Limits { max_in_flight, entry_timeout: request_timeout, ..Limits::default() }
 }
 
-/// A count from the environment variable `name`, if it is set to one.
+/// A count from the environment variable `name`, if it is set to one. Each such variable
+/// overrides a default for a benchmark, so a member that reads one says so.
 fn env_count(name: &str) -> Option<usize> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
+    let k = std::env::var(name).ok().and_then(|v| v.parse().ok())?;
+    tracing::info!(value = k, "{name} overrides a default (for benchmarks only)");
+    Some(k)
 }
 
 /// Proposes entries through this member's own Raft core (the group-commit batcher's sink).
