@@ -248,7 +248,7 @@ impl Maintenance for MaintenanceService {
         let engine = self.engine();
         let revision = self.ctx.sm.revision();
         // Building reads the whole store from one RocksDB snapshot (a consistent cut).
-        let blob = tokio::task::spawn_blocking(move || snapshot::build(engine.db()))
+        let blob = tokio::task::spawn_blocking(move || snapshot::build(&engine))
             .await
             .map_err(|e| storage_failure("snapshot", e))?
             .map_err(|e| storage_failure("snapshot", e))?;

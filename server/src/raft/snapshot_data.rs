@@ -5,7 +5,7 @@
 //! A snapshot this member took is a [`SnapshotSource`]: a point-in-time view of its store
 //! (`storage::pinned`), which costs nothing to take. Its blob is written only when the snapshot
 //! is first sent to a follower ([`SnapshotData::spill`], into a file kept while the snapshot
-//! is in use) or installed ([`SnapshotData::read_all`]), so a member no longer copies its whole store every
+//! is in use) or installed elsewhere, so a member no longer copies its whole store every
 //! `--snapshot-count` entries (session 28's `set` long run: 112-133 copies of up to 950 MB per
 //! member in 600 s, for 19 installs).
 //!
@@ -20,7 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncSeek, AsyncSeekExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncSeek, AsyncSeekExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// A snapshot not yet written out: a view of the store that writes the blob on demand.
 pub trait SnapshotSource: Send + Sync + 'static {
@@ -59,7 +59,7 @@ fn not_spilled() -> io::Error {
 
 impl SnapshotData {
     /// Data that is `source`'s blob, written out only when it is read ([`Self::spill`],
-    /// [`Self::read_all`]).
+    /// [`Self::into_path`]).
     pub fn deferred(source: Arc<dyn SnapshotSource>) -> Self {
         Self { file: None, source: Some(source), temp: None }
     }
@@ -93,8 +93,39 @@ impl SnapshotData {
         Ok(())
     }
 
-    /// The whole blob, read into memory (to install it).
+    /// A file holding the whole blob, handed over to the caller (to install it, which reads it
+    /// record by record): a received snapshot's own file, which is then no longer removed when
+    /// the data is dropped, or else a copy of the blob written to `spare`.
+    pub async fn into_path(mut self, spare: PathBuf) -> io::Result<PathBuf> {
+        if let Some(path) = self.temp.take() {
+            if let Some(mut file) = self.file.take() {
+                // Writes still in flight in tokio's file are finished before anyone reopens it.
+                file.flush().await?;
+            }
+            return Ok(path);
+        }
+        let copied = async {
+            self.spill().await?;
+            self.seek(SeekFrom::Start(0)).await?;
+            let mut out = tokio::fs::File::create(&spare).await?;
+            tokio::io::copy(&mut self, &mut out).await?;
+            out.flush().await
+        }
+        .await;
+        match copied {
+            Ok(()) => Ok(spare),
+            Err(e) => {
+                // A leftover is harmless (the next start removes it).
+                let _ = tokio::fs::remove_file(&spare).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The whole blob, read into memory (tests).
+    #[cfg(test)]
     pub async fn read_all(&mut self) -> io::Result<Vec<u8>> {
+        use tokio::io::AsyncReadExt;
         if self.file.is_none() {
             let source = self.source.clone().ok_or_else(not_spilled)?;
             return tokio::task::spawn_blocking(move || {
@@ -177,7 +208,7 @@ impl AsyncSeek for SnapshotData {
 #[cfg(test)]
 mod tests {
 
-    use tokio::io::AsyncWriteExt;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
 

@@ -82,6 +82,7 @@ use crate::storage::log_store::LogStore;
 use crate::storage::rocks::RocksEngine;
 use crate::storage::snapshot::{self, SnapshotError};
 use crate::storage::snapshot_file::{self, SnapshotFileError};
+use crate::storage::snapshot_install;
 use crate::storage::state_machine::{StateMachine, RAFT_META_KEYS};
 
 pub mod etcd;
@@ -402,8 +403,9 @@ fn build(
     let engine = RocksEngine::open(dir.join("db")).map_err(storage)?;
     match source {
         Source::Picket(blob) => {
-            // Synced inside `install`.
-            snapshot::install(engine.db(), blob).map_err(storage)?;
+            // Durable inside `install_blob` (synced table files and manifest).
+            snapshot_install::install_blob(&engine, blob, &dir.join("restore-tables"))
+                .map_err(storage)?;
             let meta = engine.cf_handle(Cf::Meta);
             let mut batch = WriteBatch::default();
             for key in RAFT_META_KEYS {

@@ -48,7 +48,7 @@ fn source_snapshot(dir: &Path) -> (Vec<u8>, u32, i64) {
     b.put_raw(Cf::Meta, RAFT_META_KEYS[1], &postcard::to_allocvec(&old_membership).unwrap());
     b.commit(true).unwrap();
     let hash = crate::mvcc::hash::hash_kv(&engine, 0).unwrap();
-    let blob = snapshot::build(engine.db()).unwrap();
+    let blob = snapshot::build(&engine).unwrap();
     (snapshot_file::encode(&blob), hash.hash, hash.current_revision)
 }
 

@@ -13,7 +13,9 @@
 //! - `forwarded`: hands the results of commands this member forwarded to the leader to their
 //!   waiters as the state machine applies them.
 //! - `snapshot`: the snapshot blob, written from a consistent engine view; `pinned`: a
-//!   snapshot kept as a pinned view until it is sent.
+//!   snapshot kept as a pinned view until it is sent; `snapshot_install`: a received blob
+//!   turned into table files the store ingests, finished at the next start if a crash cut it
+//!   short.
 //!
 //! The MVCC data model (revisions, key versions, compaction) lives in [`crate::mvcc`], which
 //! only sees the [`engine::Engine`] trait, so it runs unchanged on [`engine::MemEngine`].
@@ -30,6 +32,7 @@ pub mod pinned;
 pub mod shared;
 pub mod snapshot;
 pub mod snapshot_file;
+pub mod snapshot_install;
 pub mod state_machine;
 #[cfg(test)]
 pub(crate) mod test_member;

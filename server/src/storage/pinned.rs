@@ -77,7 +77,7 @@ impl std::fmt::Debug for Pinned {
 impl Pinned {
     /// Pins the store as it is now. Cheap: a RocksDB snapshot and two point reads.
     pub fn take(engine: &RocksEngine, dir: PathBuf) -> Result<Self, SnapshotError> {
-        let view = PinnedView::new(Arc::clone(engine.db()), |db| db.snapshot());
+        let view = engine.whole(|| PinnedView::new(Arc::clone(engine.db()), |db| db.snapshot()));
         let meta = view.with_dependent(|_, v| snapshot_meta(engine, v))?;
         Ok(Self { view, meta, dir, blob_file: parking_lot::Mutex::new(None) })
     }

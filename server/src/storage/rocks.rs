@@ -41,6 +41,9 @@ use super::engine::{Cf, Cursor, Engine, EngineError, KvIter, ReadView, WriteBatc
 #[derive(Clone)]
 pub struct RocksEngine {
     db: Arc<DB>,
+    /// Keeps views from being taken while a snapshot install replaces the state-machine
+    /// column families one after another ([`RocksEngine::whole`]). Shared by clones.
+    install: Arc<parking_lot::RwLock<()>>,
 }
 
 impl std::fmt::Debug for RocksEngine {
@@ -74,7 +77,7 @@ impl RocksEngine {
         });
         let db = DB::open_cf_descriptors(&opts, path, cfs)?;
         tracing::info!(path = %path.display(), "opened rocksdb");
-        Ok(Self { db: Arc::new(db) })
+        Ok(Self { db: Arc::new(db), install: Arc::default() })
     }
 
     /// Opens the database at `path` like [`RocksEngine::open`], then reads all of it with block
@@ -149,6 +152,22 @@ impl RocksEngine {
     /// The underlying database, for the Raft log store.
     pub fn db(&self) -> &Arc<DB> {
         &self.db
+    }
+
+    /// Runs `take` (which takes a RocksDB snapshot) where no snapshot install is half done, so
+    /// the view shows the store wholly before or wholly after any install. An install replaces
+    /// the column families one by one (`storage::snapshot_install`: RocksDB ingests table files
+    /// one family at a time); every view of the store is taken through this. Waits at most for
+    /// one install's replace step, which moves files and flushes memtables but copies no data.
+    pub fn whole<T>(&self, take: impl FnOnce() -> T) -> T {
+        let _no_install = self.install.read();
+        take()
+    }
+
+    /// Holds off every [`RocksEngine::whole`] while the returned guard lives: for the step of
+    /// a snapshot install that replaces the state-machine column families.
+    pub(crate) fn replacing(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        self.install.write()
     }
 
     /// The handle of a column family.
@@ -352,7 +371,7 @@ impl Engine for RocksEngine {
     type View<'a> = RocksView<'a>;
 
     fn view(&self) -> RocksView<'_> {
-        RocksView { engine: self, snap: self.db.snapshot() }
+        RocksView { engine: self, snap: self.whole(|| self.db.snapshot()) }
     }
 
     fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), EngineError> {

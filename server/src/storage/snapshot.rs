@@ -14,15 +14,17 @@
 //! view, not as a blob (`storage::pinned`): the blob is written only to send it to a follower
 //! (into a `sending-*.snap` file in `<data-dir>/snapshots/`, kept while the snapshot is in
 //! use) or to answer `Maintenance.Snapshot`
-//! ([`build`]). Only installing a received one reads its blob into memory, as the install is one
-//! atomic batch. (Until session 29 every build wrote the blob to `snapshots/current.snap`; a
-//! file left by an older version is removed at start.)
+//! ([`build`]). A received one is read back record by record ([`Records`]) into table files the
+//! store ingests (`storage::snapshot_install`). (Until session 29 every build wrote the blob
+//! to `snapshots/current.snap`; a file left by an older version is removed at start.)
 
 use std::fs;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 
-use rocksdb::{IteratorMode, SnapshotWithThreadMode, WriteBatch, WriteOptions, DB};
+use rocksdb::{IteratorMode, SnapshotWithThreadMode, DB};
+
+use super::rocks::RocksEngine;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
@@ -101,8 +103,9 @@ pub fn write_blob(db: &DB, view: &View<'_>, out: impl Write) -> Result<u64, Snap
 
 /// The blob of the store as it is now, in memory (`Maintenance.Snapshot` and tests; members
 /// keep theirs as pinned views, `storage::pinned`).
-pub fn build(db: &DB) -> Result<Vec<u8>, SnapshotError> {
-    let view = db.snapshot();
+pub fn build(engine: &RocksEngine) -> Result<Vec<u8>, SnapshotError> {
+    let db = engine.db();
+    let view = engine.whole(|| db.snapshot());
     let mut out = Vec::with_capacity(1 << 16);
     write_blob(db, &view, &mut out)?;
     Ok(out)
@@ -164,28 +167,109 @@ fn take_chunk(buf: &[u8]) -> Result<(&[u8], &[u8]), SnapshotError> {
     Ok(rest.split_at(len))
 }
 
-/// Replaces the whole state machine with the snapshot's contents in one atomic, synced write.
-pub fn install(db: &DB, blob: &[u8]) -> Result<(), SnapshotError> {
-    let records = parse(blob)?;
-    let mut batch = WriteBatch::default();
-    for name in SNAPSHOT_CFS {
-        let handle = cf(db, name)?;
-        // Delete key by key rather than by range: user keys are unbounded byte strings, so no
-        // finite range end covers them all.
-        for item in db.iterator_cf(handle, IteratorMode::Start) {
-            let (k, _) = item?;
-            batch.delete_cf(handle, k);
+/// Reads a blob record by record from a stream, hashing as it goes, so a snapshot of any size
+/// is read with one record in memory. The checksum is known only at the end: a caller must not
+/// act on what it read until [`Records::next_into`] returned `Ok(None)`.
+pub struct Records<R> {
+    inner: R,
+    hash: Sha256,
+}
+
+impl<R: Read> Records<R> {
+    /// Checks the header.
+    pub fn new(inner: R) -> Result<Self, SnapshotError> {
+        let mut records = Self { inner, hash: Sha256::new() };
+        let mut head = [0u8; MAGIC.len() + 1];
+        records.read(&mut head, "bad header")?;
+        if !head.starts_with(MAGIC) {
+            return Err(SnapshotError::Malformed("bad header"));
         }
+        if head[MAGIC.len()] != VERSION {
+            return Err(SnapshotError::Malformed("unknown version"));
+        }
+        Ok(records)
     }
-    for (i, k, v) in records {
-        batch.put_cf(cf(db, SNAPSHOT_CFS[i])?, k, v);
+
+    fn read(&mut self, buf: &mut [u8], short: &'static str) -> Result<(), SnapshotError> {
+        read_full(&mut self.inner, buf, short)?;
+        self.hash.update(&*buf);
+        Ok(())
     }
-    let mut opts = WriteOptions::default();
-    // Durability: after install openraft may purge every log entry the snapshot covers, so the
-    // installed state must be on disk before we return.
-    opts.set_sync(true);
-    db.write_opt(batch, &opts)?;
-    Ok(())
+
+    /// Reads the next record's key and value into `key` and `value` (buffers reused from call
+    /// to call) and returns its column family index; `None` at the end marker, once the
+    /// checksum matched and nothing follows it.
+    pub fn next_into(
+        &mut self,
+        key: &mut Vec<u8>,
+        value: &mut Vec<u8>,
+    ) -> Result<Option<usize>, SnapshotError> {
+        let mut tag = [0u8];
+        self.read(&mut tag, "truncated")?;
+        if tag[0] == END {
+            let mut digest = [0u8; 32];
+            read_full(&mut self.inner, &mut digest, "truncated")?;
+            if std::mem::take(&mut self.hash).finalize().as_slice() != digest {
+                return Err(SnapshotError::Checksum);
+            }
+            if self.inner.read(&mut tag)? != 0 {
+                return Err(SnapshotError::Malformed("data after end marker"));
+            }
+            return Ok(None);
+        }
+        let cf = tag[0] as usize;
+        if cf >= SNAPSHOT_CFS.len() {
+            return Err(SnapshotError::Malformed("unknown column family"));
+        }
+        self.chunk(key)?;
+        self.chunk(value)?;
+        Ok(Some(cf))
+    }
+
+    fn chunk(&mut self, out: &mut Vec<u8>) -> Result<(), SnapshotError> {
+        let mut len = [0u8; 4];
+        self.read(&mut len, "truncated length")?;
+        let len = u64::from(u32::from_le_bytes(len));
+        out.clear();
+        // Grown as the bytes arrive, not sized from the length field: a damaged length must
+        // not allocate 4 GiB before the end of the stream shows it is wrong.
+        (&mut self.inner).take(len).read_to_end(out)?;
+        if out.len() as u64 != len {
+            return Err(SnapshotError::Malformed("truncated record"));
+        }
+        self.hash.update(&*out);
+        Ok(())
+    }
+}
+
+/// A blob of `records` (column family index, key, value) as given, in order or not: for tests
+/// of what reading a blob refuses.
+#[cfg(test)]
+pub(crate) fn encode_records(records: &[(u8, &[u8], &[u8])]) -> Vec<u8> {
+    let mut w = Hashing { inner: Vec::new(), hash: Sha256::new(), bytes: 0 };
+    let mut put = || -> Result<(), SnapshotError> {
+        w.write_all(MAGIC)?;
+        w.write_all(&[VERSION])?;
+        for (cf, k, v) in records {
+            w.write_all(&[*cf])?;
+            write_chunk(&mut w, k)?;
+            write_chunk(&mut w, v)?;
+        }
+        w.write_all(&[END])?;
+        Ok(())
+    };
+    put().expect("writing to memory");
+    let Hashing { mut inner, hash, .. } = w;
+    inner.extend_from_slice(&hash.finalize());
+    inner
+}
+
+/// `read_exact`, with a stream that ends early reported as a malformed snapshot.
+fn read_full(r: &mut impl Read, buf: &mut [u8], short: &'static str) -> Result<(), SnapshotError> {
+    r.read_exact(buf).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => SnapshotError::Malformed(short),
+        _ => SnapshotError::Io(e),
+    })
 }
 
 /// The member's snapshot directory: files of snapshots being received, and the files snapshots

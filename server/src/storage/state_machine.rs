@@ -26,7 +26,8 @@ use crate::raft::types::{
 use crate::storage::engine::Cf;
 use crate::storage::pinned::Pinned;
 use crate::storage::rocks::RocksEngine;
-use crate::storage::snapshot::{self, SnapshotFiles};
+use crate::storage::snapshot::SnapshotFiles;
+use crate::storage::snapshot_install;
 
 pub(super) use super::shared::Inner;
 pub use super::shared::{FeedItem, RevisionEvents, Shared};
@@ -69,10 +70,12 @@ impl StateMachine {
         engine: RocksEngine,
         snapshot_dir: impl Into<std::path::PathBuf>,
     ) -> Result<Self, StorageError> {
+        let snapshots = SnapshotFiles::new(snapshot_dir.into()).map_err(snap_err)?;
+        // Before anything reads the store: an install a crash cut short is finished first.
+        snapshot_install::resume(&engine, snapshots.dir()).map_err(snap_err)?;
         let inner = Inner::load(&engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;
         let reader = inner.store.reader();
         let revision = AtomicI64::new(inner.store.revision());
-        let snapshots = SnapshotFiles::new(snapshot_dir.into()).map_err(snap_err)?;
         // Watchers that fall this far behind are cut off and must resume from history; the bound
         // keeps a stuck watcher from holding unbounded memory.
         let (events, _) = broadcast::channel(4096);
@@ -219,27 +222,29 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
-        mut data: SnapshotData,
+        data: SnapshotData,
     ) -> Result<(), StorageError> {
-        // Installing rewrites the store in one batch, which holds it in memory anyway.
-        let blob = data.read_all().await.map_err(snap_err)?;
-        drop(data);
+        // The blob stays in its file; the install reads it record by record
+        // (`storage::snapshot_install`).
+        let blob =
+            data.into_path(self.shared.snapshots.receiving_path()).await.map_err(snap_err)?;
         tracing::info!(
             log_index = meta.last_log_id.map(|l| l.index),
-            bytes = blob.len(),
+            bytes = std::fs::metadata(&blob).map(|m| m.len()).ok(),
             "installing snapshot"
         );
         // Rewriting the store and reloading its lease table are long synchronous work (seconds
         // for a large store): run them off the runtime's worker threads, and without the
         // state-machine lock, so heartbeats, reads and response headers keep being served
         // meanwhile (issue 19, Medium 9). Until the swap below, lock holders see the old state
-        // whole; lock-free readers take a RocksDB view, which shows the atomic rewrite either
-        // entirely or not at all. Nothing else writes the store meanwhile: openraft calls
-        // apply and install one at a time on this state machine.
+        // whole; lock-free readers take their views through `RocksEngine::whole`, which shows
+        // the install entirely or not at all. Nothing else writes the state-machine families
+        // meanwhile: openraft calls apply and install one at a time on this state machine.
         let shared = self.shared.clone();
         let meta_owned = meta.clone();
         let inner = tokio::task::spawn_blocking(move || -> Result<Inner, StorageError> {
-            snapshot::install(shared.engine.db(), &blob).map_err(snap_err)?;
+            let dir = shared.snapshots.dir();
+            snapshot_install::install_received(&shared.engine, dir, &blob).map_err(snap_err)?;
             #[cfg(test)]
             tests::pause_in_install();
             let inner = Inner::load(&shared.engine).map_err(|e| sm_err(ErrorVerb::Read, e))?;

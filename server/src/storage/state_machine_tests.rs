@@ -113,7 +113,7 @@ async fn a_built_snapshot_writes_nothing_and_sends_the_store_as_it_was_at_the_bu
     assert_eq!(files(&m.snapshot_dir()), Vec::<String>::new(), "a build writes no file");
     assert_eq!(built.last_log_id.map(|l| l.index), Some(300));
     // The store has not moved since the build: its blob now is what the snapshot must hold.
-    let blob = snapshot::build(m.sm.shared().engine.db()).unwrap();
+    let blob = snapshot::build(&m.sm.shared().engine).unwrap();
 
     m.apply(put("later")).await;
     let mut current = m.sm.get_current_snapshot().await.unwrap().expect("a snapshot");
@@ -140,7 +140,7 @@ async fn a_built_snapshot_writes_nothing_and_sends_the_store_as_it_was_at_the_bu
     // install checks the data's applied id against the metadata).
     let mut target = Member::new();
     target.sm.install_snapshot(&current.meta, data).await.expect("install");
-    assert!(snapshot::build(target.sm.shared().engine.db()).unwrap() == blob);
+    assert!(snapshot::build(&target.sm.shared().engine).unwrap() == blob);
     let installed = target.sm.get_current_snapshot().await.unwrap().expect("a snapshot");
     assert_eq!(installed.meta, built, "the installed snapshot is the target's current one");
 
@@ -164,7 +164,7 @@ async fn after_a_restart_the_current_snapshot_is_the_store_as_recovered() {
     std::fs::write(m.snapshot_dir().join("current.snap"), b"an older version's file").unwrap();
     let mut m = m.restart();
     assert_eq!(files(&m.snapshot_dir()), Vec::<String>::new(), "the old file is gone");
-    let blob = snapshot::build(m.sm.shared().engine.db()).unwrap();
+    let blob = snapshot::build(&m.sm.shared().engine).unwrap();
     let mut current = m.sm.get_current_snapshot().await.unwrap().expect("a snapshot");
     assert_eq!(current.meta.last_log_id.map(|l| l.index), Some(21));
     assert!(current.snapshot.read_all().await.unwrap() == blob);

@@ -30,6 +30,11 @@ impl Member {
         self.dir.path().join("snapshots")
     }
 
+    /// This member's RocksDB directory.
+    pub(crate) fn db_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("db")
+    }
+
     /// Stops the member (its state machine and every handle of its database) and opens it
     /// again on the same directory, as a restart does.
     pub(crate) fn restart(self) -> Self {
