@@ -185,9 +185,11 @@ pub struct Config {
     /// Runtime worker threads serving this member (gRPC, Raft, apply); 0, the default, means
     /// one per core (or `TOKIO_WORKER_THREADS`). Set 1 where several members share a few cores
     /// (a test cluster, the benchmarks): a member then wakes no idle second worker per message,
-    /// which cut its CPU per request by 6-11 % with three members on 2 cores. Leave the default
-    /// on a machine of its own: one worker cost a lone member a fifth of its reads
-    /// (`docs/operations.md`, "Tune"; `docs/benchmarks.md`, "Issue 20, session 17").
+    /// which cut its CPU per request by 6-11 % with three members on 2 cores, and runs on
+    /// tokio's current-thread scheduler, whose task order lets a Raft entry's responses leave
+    /// together (up to 20 % less again, session 33). Leave the default on a machine of its
+    /// own: one worker cost a lone member a fifth of its reads (`docs/operations.md`, "Tune";
+    /// `docs/benchmarks.md`, "Issue 20, session 17").
     #[arg(
         long = "runtime-threads",
         env = "PICKET_RUNTIME_THREADS",

@@ -37,12 +37,26 @@ fn main() -> anyhow::Result<()> {
         LogFormat::Json => logs.json().init(),
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
     }
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    // One thread: tokio's current-thread scheduler, not a one-worker multi-thread one. Both
+    // run every task on one thread, but the multi-thread scheduler runs a task woken by the
+    // running one next (its LIFO slot): each handler that finishes wakes its connection's
+    // task, which then writes that one response before the next handler runs, one `writev`
+    // per response. The current-thread scheduler queues it behind the handlers already woken,
+    // so the responses a Raft entry completes leave together (a third of the `writev` calls
+    // per put at 64 clients): 20 % less server CPU per linearizable get and 25 % more gets,
+    // 9-10 % on the queue, 3-17 % less CPU on the write rows; locks and a lone writer
+    // unchanged within the rounds' spread (docs/benchmarks.md, "Session 33").
+    let mut runtime = if cfg.runtime_threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut multi = tokio::runtime::Builder::new_multi_thread();
+        // 0 leaves tokio's default: one worker per core, or `TOKIO_WORKER_THREADS`.
+        if cfg.runtime_threads > 0 {
+            multi.worker_threads(usize::from(cfg.runtime_threads));
+        }
+        multi
+    };
     runtime.enable_all();
-    // 0 leaves tokio's default: one worker per core, or `TOKIO_WORKER_THREADS`.
-    if cfg.runtime_threads > 0 {
-        runtime.worker_threads(usize::from(cfg.runtime_threads));
-    }
     let runtime = runtime.build().context("starting the runtime")?;
     runtime.block_on(run(cfg))
 }
