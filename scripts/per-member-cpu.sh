@@ -12,29 +12,10 @@ cd "$(dirname "$0")/.."
 bin=$1; wl=$2; clients=$3; conns=$4; secs=$5
 root=$(mktemp -d /tmp/picket-cpu.XXXXXX)
 pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  { wait; } 2>/dev/null || true
-  rm -rf "$root"
-}
-trap cleanup EXIT INT TERM
-cluster="n1=http://127.0.0.1:23011,n2=http://127.0.0.1:23021,n3=http://127.0.0.1:23031"
-for i in 1 2 3; do
-  c=$((23000 + 10 * i)); p=$((c + 1))
-  "$bin" --name "n$i" --data-dir "$root/n$i" --listen-client-urls "http://127.0.0.1:$c" \
-    --advertise-client-urls "http://127.0.0.1:$c" --listen-peer-urls "http://127.0.0.1:$p" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$p" --initial-cluster "$cluster" \
-    --initial-cluster-state new 2>"$root/n$i.log" &
-  pids+=($!)
-done
-eps=http://127.0.0.1:23010,http://127.0.0.1:23020,http://127.0.0.1:23030
-# Bounded waits: 60 x 0.5 s for a first commit, then 20 x 0.5 s per member.
-for _ in $(seq 60); do ETCDCTL_API=3 etcdctl --endpoints=$eps put ready 1 >/dev/null 2>&1 && break; sleep 0.5; done
-for ep in ${eps//,/ }; do
-  ok=""
-  for _ in $(seq 20); do ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }; sleep 0.5; done
-  [ -n "$ok" ] || { echo "member $ep did not come up" >&2; exit 1; }
-done
+# shellcheck source=scripts/cluster-lib.sh
+. scripts/cluster-lib.sh
+trap cluster_cleanup EXIT INT TERM
+cluster_start "$bin" 23000
 snap() { # pid tid comm cpu_ticks context_switches, one line per thread of every member
   local p t
   for p in "${pids[@]}"; do
@@ -45,11 +26,11 @@ snap() { # pid tid comm cpu_ticks context_switches, one line per thread of every
   done
 }
 snap >"$root/before"
-out=$(target/release/picket-bench --endpoints $eps --workload "$wl" --clients "$clients" \
+out=$(target/release/picket-bench --endpoints "$eps" --workload "$wl" --clients "$clients" \
   --conns "$conns" --seconds "$secs" | tail -1)
 snap >"$root/after"
 echo "$out"
-echo "leader: member $(ETCDCTL_API=3 etcdctl --endpoints=$eps endpoint status 2>/dev/null | awk -F', ' '$5 == "true" {print $1}')"
+echo "leader: member $(ETCDCTL_API=3 etcdctl --endpoints="$eps" endpoint status 2>/dev/null | awk -F', ' '$5 == "true" {print $1}')"
 ops=$(echo "$out" | sed -n 's/.* ops=\([0-9]*\).*/\1/p')
 python3 - "$root/before" "$root/after" "${ops:-0}" "$(getconf CLK_TCK)" "${pids[@]}" <<'PY'
 import collections, sys
