@@ -1,7 +1,15 @@
-//! The `set` workload: workers add unique integers to a set kept in one key, each add a
-//! read-modify-write CAS loop (`Txn` guarded on the key's `mod_revision`), and read the set now
-//! and then; after healing, a final read. Checked by [`crate::checker::set`]: no acknowledged
-//! element may be missing from a read that began after the add completed.
+//! The `set` workload: workers add unique integers to a set kept under one key prefix, each add
+//! a read-modify-write CAS loop (`Txn` guarded on its key's `mod_revision`), and read the set now
+//! and then (one linearizable range over the prefix, so one revision); after healing, a final
+//! read. Checked by [`crate::checker::set`]: no acknowledged element may be missing from a read
+//! that began after the add completed.
+//!
+//! The set is split over keys of [`SHARD`] consecutive elements each. In one key, every add
+//! rewrote the whole set, so the history grew with the square of the adds: a 10-minute long run
+//! on a fast host wrote ~2.4 GB, passed `--quota-backend-bytes` (2 GiB), and the members then
+//! refused writes with NOSPACE, which the cluster checker rightly reports as unavailable
+//! (session 35). With shards an add rewrites at most [`SHARD`] elements. Workers take elements
+//! from one counter, so they still contend for the same key (the newest shard) as before.
 //!
 //! An add is `ok` when its guarded `Txn` succeeded; `fail` when every attempt's comparison failed
 //! (so nothing was written); `info` when a `Txn` had an unknown outcome (it may have been applied,
@@ -11,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
@@ -25,8 +33,16 @@ use crate::client::{self, OpError};
 use crate::cluster::NodeInfo;
 use crate::history::Header;
 
-/// The key holding the set.
-pub const KEY: &str = "jepsen/set";
+/// The prefix of the keys holding the set (the name the history records for reads).
+pub const KEY: &str = "jepsen/set/";
+
+/// Elements per key: an add rewrites at most this many (~7 KB at six digits each).
+pub const SHARD: u64 = 1_000;
+
+/// The key that holds `element`: its shard's number, zero-padded so the keys sort by it.
+pub fn shard_key(element: u64) -> String {
+    format!("{KEY}{:08}", element / SHARD)
+}
 
 /// CAS attempts per add. Nine workers contend for one key, so a few attempts lose; each lost
 /// attempt wrote nothing, so giving up after 8 is a definite `fail`, never a guess.
@@ -60,21 +76,36 @@ pub async fn read_set(
     })
 }
 
-/// Runs a `read` operation; returns whether it succeeded.
-pub async fn read_op(
+/// A linearizable read of the whole set: the union of every shard's elements, read by one range
+/// request over the prefix, so all shards at one revision.
+pub async fn read_shards(
+    c: &mut Client,
+    timeout: Duration,
+) -> Result<(Vec<u64>, Option<Header>), OpError> {
+    let resp = client::bounded(timeout, c.get(KEY, Some(GetOptions::new().with_prefix()))).await?;
+    let h = client::header(resp.header());
+    Ok((union(resp.kvs().iter().map(|kv| kv.value())), h))
+}
+
+/// The elements of every shard value, in key order.
+pub fn union<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<u64> {
+    values.flat_map(decode).collect()
+}
+
+/// Runs a `read` operation of the whole set; returns whether it succeeded.
+async fn read_op(
     rec: &mut Recorder,
     c: &mut Client,
-    key: &str,
     timeout: Duration,
 ) -> Result<bool, WorkloadError> {
-    rec.invoke("read", Some(key), Value::Null)?;
-    match read_set(c, key, timeout).await {
-        Ok((els, _, h)) => {
-            rec.ok("read", Some(key), json!({ "elements": els }), h)?;
+    rec.invoke("read", Some(KEY), Value::Null)?;
+    match read_shards(c, timeout).await {
+        Ok((els, h)) => {
+            rec.ok("read", Some(KEY), json!({ "elements": els }), h)?;
             Ok(true)
         }
         Err(e) => {
-            rec.error("read", Some(key), Value::Null, &e, true)?;
+            rec.error("read", Some(KEY), Value::Null, &e, true)?;
             Ok(false)
         }
     }
@@ -113,7 +144,7 @@ impl SetWorkload {
         let mut counts = OpCounts::default();
         let done =
             final_attempts(nodes, env, op_timeout, &mut counts, |mut rec, mut c| async move {
-                let ok = read_op(&mut rec, &mut c, KEY, op_timeout).await?;
+                let ok = read_op(&mut rec, &mut c, op_timeout).await?;
                 Ok((rec, ok))
             })
             .await?;
@@ -129,33 +160,34 @@ async fn add(
     timeout: Duration,
 ) -> Result<(), WorkloadError> {
     let args = json!({ "element": element });
-    rec.invoke("add", Some(KEY), args.clone())?;
+    let key = shard_key(element);
+    rec.invoke("add", Some(&key), args.clone())?;
     for attempt in 0..CAS_ATTEMPTS {
         // A failed read wrote nothing: try again.
-        let Ok((mut els, mod_rev, _)) = read_set(c, KEY, timeout).await else { continue };
+        let Ok((mut els, mod_rev, _)) = read_set(c, &key, timeout).await else { continue };
         els.push(element);
         let cmp = if mod_rev == 0 {
-            Compare::version(KEY, CompareOp::Equal, 0)
+            Compare::version(key.as_str(), CompareOp::Equal, 0)
         } else {
-            Compare::mod_revision(KEY, CompareOp::Equal, mod_rev)
+            Compare::mod_revision(key.as_str(), CompareOp::Equal, mod_rev)
         };
-        let txn = Txn::new().when([cmp]).and_then([TxnOp::put(KEY, encode(&els), None)]);
+        let txn = Txn::new().when([cmp]).and_then([TxnOp::put(key.as_str(), encode(&els), None)]);
         match client::bounded(timeout, c.txn(txn)).await {
             Ok(r) if r.succeeded() => {
                 let h = client::header(r.header());
                 let v = json!({"element": element, "attempts": attempt + 1,
                                "mod_rev": h.map(|h| h.revision)});
-                return rec.ok("add", Some(KEY), v, h);
+                return rec.ok("add", Some(&key), v, h);
             }
             // Lost the race: the comparison failed, nothing was written.
             Ok(_) => continue,
             Err(e) => {
-                rec.error("add", Some(KEY), args, &e, false)?;
+                rec.error("add", Some(&key), args, &e, false)?;
                 return Ok(());
             }
         }
     }
-    rec.fail("add", Some(KEY), args, "cas-contention", "every CAS attempt lost its comparison")
+    rec.fail("add", Some(&key), args, "cas-contention", "every CAS attempt lost its comparison")
 }
 
 async fn worker(
@@ -178,8 +210,43 @@ async fn worker(
             let e = next_element.fetch_add(1, Ordering::Relaxed);
             add(&mut rec, &mut c, e, opts.op_timeout).await?;
         } else {
-            read_op(&mut rec, &mut c, KEY, opts.op_timeout).await?;
+            read_op(&mut rec, &mut c, opts.op_timeout).await?;
         }
     }
     Ok(rec.counts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_hold_runs_of_consecutive_elements_and_sort_by_them() {
+        assert_eq!(shard_key(0), "jepsen/set/00000000");
+        assert_eq!(shard_key(SHARD - 1), shard_key(0));
+        assert_eq!(shard_key(SHARD), "jepsen/set/00000001");
+        // Keys sort as their shards do, so a prefix range returns them in element order.
+        assert!(shard_key(9 * SHARD) < shard_key(10 * SHARD));
+        assert!(shard_key(99_999 * SHARD) < shard_key(100_000 * SHARD));
+    }
+
+    #[test]
+    fn an_add_rewrites_at_most_one_shard() {
+        // The bound that keeps a long run's history linear in its adds: the value an add
+        // writes holds only its shard's elements, however many were added before.
+        let added: Vec<u64> = (0..5 * SHARD).collect();
+        let mut by_key: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+        for e in &added {
+            by_key.entry(shard_key(*e)).or_default().push(*e);
+        }
+        assert_eq!(by_key.len(), 5);
+        assert!(by_key.values().all(|els| els.len() as u64 == SHARD));
+        let values: Vec<String> = by_key.values().map(|els| encode(els)).collect();
+        assert_eq!(union(values.iter().map(|v| v.as_bytes())), added);
+    }
+
+    #[test]
+    fn union_of_no_shards_is_empty() {
+        assert!(union(std::iter::empty()).is_empty());
+    }
 }
