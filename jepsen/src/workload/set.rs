@@ -37,10 +37,10 @@ use crate::history::Header;
 pub const KEY: &str = "jepsen/set/";
 
 /// Elements per key: an add rewrites at most this many (~7 KB at six digits each).
-pub const SHARD: u64 = 1_000;
+const SHARD: u64 = 1_000;
 
 /// The key that holds `element`: its shard's number, zero-padded so the keys sort by it.
-pub fn shard_key(element: u64) -> String {
+fn shard_key(element: u64) -> String {
     format!("{KEY}{:08}", element / SHARD)
 }
 
@@ -78,7 +78,7 @@ pub async fn read_set(
 
 /// A linearizable read of the whole set: the union of every shard's elements, read by one range
 /// request over the prefix, so all shards at one revision.
-pub async fn read_shards(
+async fn read_shards(
     c: &mut Client,
     timeout: Duration,
 ) -> Result<(Vec<u64>, Option<Header>), OpError> {
@@ -88,7 +88,7 @@ pub async fn read_shards(
 }
 
 /// The elements of every shard value, in key order.
-pub fn union<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<u64> {
+fn union<'a>(values: impl Iterator<Item = &'a [u8]>) -> Vec<u64> {
     values.flat_map(decode).collect()
 }
 
