@@ -97,6 +97,17 @@ impl ForwardedResults {
         self.ticket(cmd).map_or(Ours::None, Ours::Whole)
     }
 
+    /// Whether another member forwarded `cmd` (or a command of its batch) and so waits for
+    /// this member's commit index to reach it before it can apply and answer its client.
+    pub fn forwarded_elsewhere(&self, cmd: &RaftCommand) -> bool {
+        let elsewhere =
+            |c: &RaftCommand| c.forwarded.as_ref().is_some_and(|t| t.origin != self.origin);
+        match &cmd.cmd {
+            Some(Cmd::Batch(batch)) => batch.commands.iter().any(elsewhere),
+            _ => elsewhere(cmd),
+        }
+    }
+
     fn ticket(&self, cmd: &RaftCommand) -> Option<u64> {
         cmd.forwarded.as_ref().filter(|t| t.origin == self.origin).map(|t| t.ticket)
     }

@@ -97,3 +97,23 @@ fn a_dropped_waiter_is_unregistered() {
     registry.deliver(vec![(ticket, Default::default())]);
     assert!(registry.waiting.lock().is_empty());
 }
+
+/// What the state machine's apply yields for (`state_machine::apply`): a command, alone or in
+/// a batch, that another member forwarded; not one this member forwarded, nor a local one.
+#[test]
+fn forwarded_elsewhere_names_only_other_members_commands() {
+    let here = std::sync::Arc::new(ForwardedResults::default());
+    let there = std::sync::Arc::new(ForwardedResults::default());
+    let (theirs, _waiter) = there.tag(put("a"));
+    let (ours, _our_waiter) = here.tag(put("b"));
+    assert!(here.forwarded_elsewhere(&theirs));
+    assert!(!there.forwarded_elsewhere(&theirs));
+    assert!(!here.forwarded_elsewhere(&ours));
+    assert!(!here.forwarded_elsewhere(&put("c")));
+    let batch = |commands| RaftCommand {
+        cmd: Some(Cmd::Batch(CommandBatch { commands })),
+        forwarded: None,
+    };
+    assert!(here.forwarded_elsewhere(&batch(vec![put("c"), ours.clone(), theirs])));
+    assert!(!here.forwarded_elsewhere(&batch(vec![put("c"), ours])));
+}
