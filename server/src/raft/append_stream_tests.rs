@@ -1,13 +1,13 @@
-//! The client side of AppendEntriesStream against fake peers: the switch from unary calls, one
-//! stream for many calls, answers matched by number, abandoned calls, and old peers (also their
-//! answer to Pre-Vote, which they do not know).
+//! Fake peers for the client side of the peer RPCs: a follower's side of the append stream
+//! (used by `append_pipeline_tests`), a leader answering large forwarded groups, and old peers
+//! (also their answer to Pre-Vote, which they do not know).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use picket_proto::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseTimeToLiveRequest, LeaseTimeToLiveResponse,
 };
@@ -22,33 +22,46 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::{Channel, Server};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::append_stream::{AppendStream, Sent};
-
 /// How the fake peer answers on the stream.
 #[derive(Clone, Copy)]
-enum Mode {
-    /// Answers each request with its own number and its payload reversed.
-    Echo,
-    /// Answers with the wrong number.
-    WrongSeq,
-    /// Answers the first request of each stream after `SLOW`, later ones at once.
-    SlowFirst,
-    /// Predates the stream: `Unimplemented`.
+pub(super) enum Mode {
+    /// Predates the stream: `Unimplemented` (a unary append is answered `Ok(Success)`).
     Old,
     /// Answers `ForwardBatch` with one result per command, each over 4 MiB (a Txn whose range
     /// read a large value), as a leader that applied them would.
     BigForward,
+    /// A follower that takes every append (answers `Ok(Success)`) at once, and records each
+    /// request in `Peer::seen`.
+    Follower,
+    /// [`Mode::Follower`], but still writing the entries it got: the answer to a request with
+    /// entries leaves only after the next request arrived (or the stream ended).
+    FollowerSyncing,
+    /// [`Mode::Follower`] answering each request with the wrong number.
+    FollowerWrongSeq,
+    /// [`Mode::Follower`] answering the first request of each stream after `SLOW`.
+    FollowerSlowFirst,
 }
+
+/// What a fake follower saw of one request: its number, how many entries, the commit index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Seen {
+    pub seq: u64,
+    pub entries: usize,
+    pub commit: Option<u64>,
+}
+
+type SeenLog = Arc<parking_lot::Mutex<Vec<Seen>>>;
 
 /// The size of each result `Mode::BigForward` answers with: over tonic's default 4 MiB.
 const BIG_RESULT: usize = 5 * 1024 * 1024;
 
-const SLOW: Duration = Duration::from_millis(300);
+pub(super) const SLOW: Duration = Duration::from_millis(300);
 
 struct Fake {
     mode: Mode,
     streams: Arc<AtomicU64>,
     unary: Arc<AtomicU64>,
+    seen: SeenLog,
 }
 
 type Frames = Pin<Box<dyn Stream<Item = Result<RaftFrame, Status>> + Send + 'static>>;
@@ -71,25 +84,15 @@ impl RaftService for Fake {
             return nope();
         }
         self.streams.fetch_add(1, Ordering::SeqCst);
-        let answers = req.into_inner().enumerate().then(move |(i, frame)| async move {
-            let mut frame = frame?;
-            match mode {
-                Mode::WrongSeq => frame.seq += 1,
-                Mode::SlowFirst if i == 0 => tokio::time::sleep(SLOW).await,
-                _ => {}
-            }
-            frame.payload.reverse();
-            Ok(frame)
-        });
-        Ok(Response::new(Box::pin(answers)))
+        Ok(Response::new(follower(req.into_inner(), mode, self.seen.clone())))
     }
 
     async fn append_entries(
         &self,
-        req: Request<RaftPayload>,
+        _req: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         self.unary.fetch_add(1, Ordering::SeqCst);
-        Ok(Response::new(req.into_inner()))
+        Ok(Response::new(RaftPayload { payload: success() }))
     }
     async fn vote(&self, _: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         nope()
@@ -156,17 +159,86 @@ impl RaftService for Fake {
     }
 }
 
-struct Peer {
-    client: RaftServiceClient<Channel>,
-    streams: Arc<AtomicU64>,
-    url: String,
+/// A follower's answer to any append: `Ok(Success)`, as postcard bytes.
+fn success() -> Vec<u8> {
+    use openraft::error::RaftError;
+    use openraft::raft::AppendEntriesResponse;
+
+    use super::types::TypeConfig;
+
+    let ok: Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>> =
+        Ok(AppendEntriesResponse::Success);
+    super::network::encode(&ok).unwrap().payload
 }
 
-async fn peer(mode: Mode) -> Peer {
+/// A fake follower's answers: `Ok(Success)` for each request, in order, bent as `mode` says.
+fn follower(inbound: Streaming<RaftFrame>, mode: Mode, seen: SeenLog) -> Frames {
+    use std::collections::VecDeque;
+
+    use openraft::raft::AppendEntriesRequest;
+
+    use super::network::decode;
+    use super::types::TypeConfig;
+
+    let syncing = matches!(mode, Mode::FollowerSyncing);
+    let state = (inbound, None::<u64>, VecDeque::<u64>::new(), 0u64);
+    Box::pin(futures::stream::unfold(state, move |(mut inbound, mut syncing_seq, mut ready, n)| {
+        let seen = seen.clone();
+        async move {
+            loop {
+                if let Some(seq) = ready.pop_front() {
+                    let seq = match mode {
+                        Mode::FollowerWrongSeq => seq + 1,
+                        Mode::FollowerSlowFirst if n == 0 => {
+                            tokio::time::sleep(SLOW).await;
+                            seq
+                        }
+                        _ => seq,
+                    };
+                    let frame = RaftFrame { seq, payload: success() };
+                    return Some((Ok(frame), (inbound, syncing_seq, ready, n + 1)));
+                }
+                match inbound.message().await {
+                    Ok(Some(frame)) => {
+                        let req: AppendEntriesRequest<TypeConfig> = decode(&frame.payload).unwrap();
+                        seen.lock().push(Seen {
+                            seq: frame.seq,
+                            entries: req.entries.len(),
+                            commit: req.leader_commit.map(|c| c.index),
+                        });
+                        ready.extend(syncing_seq.take());
+                        if syncing && !req.entries.is_empty() {
+                            syncing_seq = Some(frame.seq);
+                        } else {
+                            ready.push_back(frame.seq);
+                        }
+                    }
+                    _ => match syncing_seq.take() {
+                        Some(seq) => ready.push_back(seq),
+                        None => return None,
+                    },
+                }
+            }
+        }
+    }))
+}
+
+pub(super) struct Peer {
+    pub client: RaftServiceClient<Channel>,
+    pub streams: Arc<AtomicU64>,
+    pub url: String,
+    pub seen: SeenLog,
+    /// Unary appends the fake answered.
+    pub unary: Arc<AtomicU64>,
+}
+
+pub(super) async fn peer(mode: Mode) -> Peer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let streams = Arc::new(AtomicU64::new(0));
-    let fake = Fake { mode, streams: streams.clone(), unary: Arc::new(AtomicU64::new(0)) };
+    let seen = SeenLog::default();
+    let unary = Arc::new(AtomicU64::new(0));
+    let fake = Fake { mode, streams: streams.clone(), unary: unary.clone(), seen: seen.clone() };
     tokio::spawn(
         Server::builder()
             // The real peer service lifts its limits the same way (node.rs).
@@ -175,71 +247,7 @@ async fn peer(mode: Mode) -> Peer {
     );
     let url = format!("http://{addr}");
     let channel = Channel::from_shared(url.clone()).unwrap().connect_lazy();
-    Peer { client: super::network::peer_client(channel), streams, url }
-}
-
-async fn answer(s: &mut AppendStream, p: &Peer, bytes: &[u8]) -> Result<Vec<u8>, Status> {
-    match s.call(&p.client, bytes.to_vec()).await? {
-        Sent::Answer(a) => Ok(a),
-        Sent::Unary(_) => panic!("expected the stream to be used"),
-    }
-}
-
-#[tokio::test]
-async fn second_append_on_switches_to_one_stream() {
-    let p = peer(Mode::Echo).await;
-    let mut s = AppendStream::default();
-    tracing::info!("the first append of a client goes unary, untouched");
-    match s.call(&p.client, vec![1, 2, 3]).await.unwrap() {
-        Sent::Unary(b) => assert_eq!(b, vec![1, 2, 3]),
-        Sent::Answer(_) => panic!("first append must be unary"),
-    }
-    assert_eq!(p.streams.load(Ordering::SeqCst), 0);
-    tracing::info!("later appends share one stream and get their own answers");
-    for i in 0..20u8 {
-        assert_eq!(answer(&mut s, &p, &[i, 7]).await.unwrap(), vec![7, i]);
-    }
-    assert_eq!(p.streams.load(Ordering::SeqCst), 1);
-}
-
-#[tokio::test]
-async fn an_answer_with_the_wrong_number_fails_the_call_and_closes_the_stream() {
-    let p = peer(Mode::WrongSeq).await;
-    let mut s = AppendStream::default();
-    let _ = s.call(&p.client, vec![0]).await.unwrap();
-    for expected_streams in 1..=3 {
-        let err = answer(&mut s, &p, &[1]).await.unwrap_err();
-        assert!(err.message().contains("answered request"), "{err:?}");
-        assert_eq!(p.streams.load(Ordering::SeqCst), expected_streams);
-    }
-}
-
-#[tokio::test]
-async fn an_abandoned_call_is_never_answered_by_the_next_one() {
-    let p = peer(Mode::SlowFirst).await;
-    let mut s = AppendStream::default();
-    let _ = s.call(&p.client, vec![0]).await.unwrap();
-    tracing::info!("the caller gives up while the first answer is still on its way");
-    let gave_up = tokio::time::timeout(SLOW / 3, s.call(&p.client, vec![1])).await;
-    assert!(gave_up.is_err());
-    tracing::info!("the next call gets its own answer, from a new stream");
-    assert_eq!(answer(&mut s, &p, &[2, 3]).await.unwrap(), vec![3, 2]);
-    assert_eq!(p.streams.load(Ordering::SeqCst), 2);
-}
-
-#[tokio::test]
-async fn a_peer_without_the_stream_gets_unary_calls_for_good() {
-    let p = peer(Mode::Old).await;
-    let mut s = AppendStream::default();
-    let _ = s.call(&p.client, vec![0]).await.unwrap();
-    tracing::info!("the refused request comes back whole, to be sent unary");
-    for i in 0..3u8 {
-        match s.call(&p.client, vec![i, 9]).await.unwrap() {
-            Sent::Unary(b) => assert_eq!(b, vec![i, 9]),
-            Sent::Answer(_) => panic!("an old peer has no stream"),
-        }
-    }
-    assert_eq!(p.streams.load(Ordering::SeqCst), 0);
+    Peer { client: super::network::peer_client(channel), streams, url, seen, unary }
 }
 
 /// Issue 19, finding 3: a leader's `ForwardBatch` reply over 4 MiB (applied commands whose

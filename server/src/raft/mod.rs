@@ -2,6 +2,8 @@
 //! bootstrap. Nothing outside this module and `storage::{log_store, state_machine}` imports
 //! openraft; the MVCC, lease and watch logic sits behind the state machine's apply.
 
+pub mod append_pipeline;
+pub mod append_serve;
 pub mod append_stream;
 #[cfg(test)]
 mod append_stream_tests;

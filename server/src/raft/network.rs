@@ -1,18 +1,22 @@
 //! The Raft network: openraft's `RaftNetwork` over tonic, one lazily connected channel per
 //! peer, shared by every client openraft asks for. openraft messages travel as postcard bytes
 //! inside `picket.raft.v1.RaftPayload` (or `RaftFrame` on a replication stream, see
-//! `append_stream`); the reply carries the remote `Result`, so remote Raft errors come back
-//! typed.
+//! `append_stream` and `append_pipeline`); the reply carries the remote `Result`, so remote Raft
+//! errors come back typed.
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::Stream;
 use openraft::error::{
     NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Unreachable,
 };
 use openraft::network::{RPCOption, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult, VoteRequest,
+    VoteResponse,
 };
 use openraft::RaftNetworkV2;
 use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
@@ -21,7 +25,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
-use super::append_stream::{AppendStream, Sent};
+use super::append_pipeline;
+use super::append_stream::AppendStream;
 use super::snapshot_pace::Sending;
 use super::types::{Member, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::tls::PeerDialer;
@@ -132,12 +137,13 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 pub struct PeerClient {
     target: NodeId,
     client: Option<RaftServiceClient<Channel>>,
-    /// AppendEntries over one stream for the client's life (`append_stream`).
+    /// The append stream kept between replication sessions (`append_stream`).
     appends: AppendStream,
     sending: Sending,
 }
 
 type RpcResult<T> = Result<T, RPCError<TypeConfig>>;
+type AppendItem = RpcResult<StreamAppendResult<TypeConfig>>;
 
 /// One unary method of the generated peer client, boxed so `call` can share the plumbing.
 type PeerMethod =
@@ -215,29 +221,39 @@ fn timed_out() -> RPCError<TypeConfig> {
 impl RaftNetworkV2<TypeConfig> for PeerClient {
     type SnapshotData = SnapshotData;
 
+    /// One unary call: openraft sends appends through [`Self::stream_append`], which comes here
+    /// only for a peer without the append stream (one request at a time).
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<TypeConfig>> {
-        let payload = encode(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        let client = self.client.clone().ok_or_else(invalid_url)?;
-        // The same deadline as a unary call. A timed-out stream call is abandoned, and the
-        // stream with it (`append_stream`), so no late answer can be read for a later request.
-        let sent =
-            tokio::time::timeout(option.hard_ttl(), self.appends.call(&client, payload.payload))
-                .await;
-        match sent {
-            Err(_) => Err(timed_out()),
-            Ok(Err(status)) => Err(RPCError::Unreachable(Unreachable::new(&status))),
-            Ok(Ok(Sent::Answer(bytes))) => self.answer(&bytes),
-            Ok(Ok(Sent::Unary(payload))) => {
-                self.call_encoded(RaftPayload { payload }, &option, |mut c, p| {
-                    Box::pin(async move { c.append_entries(p).await })
-                })
-                .await
-            }
+        self.call(&rpc, &option, |mut c, p| Box::pin(async move { c.append_entries(p).await }))
+            .await
+    }
+
+    /// openraft's replication sessions: over the append stream with the commit index sent
+    /// ahead of unanswered entries (`append_pipeline`); one at a time towards a peer that
+    /// predates the stream.
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<'s, Result<BoxStream<'s, AppendItem>, RPCError<TypeConfig>>>
+    where
+        S: Stream<Item = AppendEntriesRequest<TypeConfig>>
+            + openraft::OptionalSend
+            + Unpin
+            + 'static,
+    {
+        if self.appends.unary_only() {
+            return openraft::network::stream_append_sequential(self, input, option);
         }
+        Box::pin(async move {
+            let client = self.client.clone().ok_or_else(invalid_url)?;
+            let ttl = option.hard_ttl();
+            Ok(append_pipeline::session(client, self.target, &mut self.appends, input, ttl))
+        })
     }
 
     /// In chunks over the `install_snapshot` RPC (`snapshot_transfer`).

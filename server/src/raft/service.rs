@@ -1,10 +1,8 @@
 //! The peer-facing gRPC service: openraft's three RPCs plus the two a follower needs to serve
 //! any client request (forwarding a proposal, asking for a read index).
 
-use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
 use tokio::sync::watch;
 
 use openraft::error::RaftError;
@@ -75,7 +73,7 @@ impl PeerService {
 }
 
 /// The member a vote names as leader: the sender of an append or a snapshot chunk.
-fn vote_leader(vote: &Vote) -> NodeId {
+pub(super) fn vote_leader(vote: &Vote) -> NodeId {
     *openraft::vote::RaftLeaderId::node_id(vote.leader_id())
 }
 
@@ -93,11 +91,11 @@ async fn append(
     answer
 }
 
-fn bad_payload(e: postcard::Error) -> Status {
+pub(super) fn bad_payload(e: postcard::Error) -> Status {
     Status::invalid_argument(format!("picket: undecodable raft payload: {e}"))
 }
 
-fn encode_reply<T: serde::Serialize>(v: &T) -> Result<RaftPayload, Status> {
+pub(super) fn encode_reply<T: serde::Serialize>(v: &T) -> Result<RaftPayload, Status> {
     encode(v).map_err(|e| Status::internal(format!("picket: cannot encode raft reply: {e}")))
 }
 
@@ -116,42 +114,16 @@ impl RaftService for PeerService {
         reply(&append(&self.proposer, rpc).await)
     }
 
-    type AppendEntriesStreamStream =
-        Pin<Box<dyn Stream<Item = Result<RaftFrame, Status>> + Send + 'static>>;
+    type AppendEntriesStreamStream = super::append_serve::Answers;
 
-    /// One replication session: each request is handed to Raft in arrival order, and the next is
-    /// read only after the previous one's answer is produced, so answers leave in request order
-    /// (`append_stream` explains the client's side). A request that cannot be decoded ends the
-    /// stream with an error; the leader then opens a new one.
+    /// One replication session, pipelined: `append_serve`.
     #[tracing::instrument(level = "trace", skip_all)]
     async fn append_entries_stream(
         &self,
         req: Request<Streaming<RaftFrame>>,
     ) -> Result<Response<Self::AppendEntriesStreamStream>, Status> {
-        let state = Some((req.into_inner(), self.stop.clone(), self.proposer.clone()));
-        let answers = futures::stream::unfold(state, |state| async move {
-            let (mut inbound, mut stop, proposer) = state?;
-            let frame = tokio::select! {
-                next = inbound.message() => match next {
-                    Ok(Some(frame)) => frame,
-                    // The leader closed its side: the session is over.
-                    Ok(None) => return None,
-                    Err(status) => return Some((Err(status), None)),
-                },
-                // This member is stopping; the leader sees the stream end and reconnects (to
-                // whatever answers at this address next).
-                _ = stop.wait_for(|s| *s) => return None,
-            };
-            let rpc = match decode(&frame.payload) {
-                Ok(rpc) => rpc,
-                Err(e) => return Some((Err(bad_payload(e)), None)),
-            };
-            let answer = encode_reply(&append(&proposer, rpc).await)
-                .map(|p| RaftFrame { seq: frame.seq, payload: p.payload });
-            let next = answer.is_ok().then_some((inbound, stop, proposer));
-            Some((answer, next))
-        });
-        Ok(Response::new(Box::pin(answers)))
+        let (proposer, stop) = (self.proposer.clone(), self.stop.clone());
+        Ok(Response::new(super::append_serve::serve(proposer, req.into_inner(), stop)))
     }
 
     #[tracing::instrument(level = "trace", skip_all)]
