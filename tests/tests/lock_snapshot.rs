@@ -77,6 +77,15 @@ async fn waiter_on_a_member_that_installs_a_snapshot_is_granted() -> Result<()> 
     // waiter granted 4 ms after SIGCONT, before the member began installing (4 runs in 16);
     // with this wait, 8 runs of 8 took the install path.
     tokio::time::sleep(STOPPED).await;
+    // A SIGSTOPped member's sockets still take what the leader sends. The replication pipeline
+    // (`raft::append_pipeline`) keeps one request with entries and one with only the commit
+    // index unanswered; this write takes both places towards the paused member, so neither the
+    // release nor its commit is sent to it until its session times out, by which time the log
+    // is purged past it. Without it the release and, right behind it, its commit waited in the
+    // member's socket, and on resuming it applied the release from its log before installing
+    // (seen in CI on d3d7746: granted before "installing snapshot" was logged; 4 runs of 6
+    // failed so without this write, 6 of 6 passed with it).
+    c.put("snap-lk-filler", "before the release", None).await.context("put before the release")?;
     c.unlock(held_key).await.context("unlock")?;
     for i in 0..WRITES_WHILE_PAUSED {
         c.put(format!("filler/{:03}", i % 100), format!("v{i}"), None)
