@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use openraft::error::{NetworkError, RPCError, RaftError, Unreachable};
+use openraft::error::{NetworkError, RPCError, Unreachable};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, StreamAppendError, StreamAppendResult,
 };
@@ -49,7 +49,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::append_stream::{self, AppendStream, Open};
-use super::network::{decode, encode};
+use super::network::{answer, encode, timed_out};
 use super::types::{LogId, NodeId, TypeConfig};
 
 type Request = AppendEntriesRequest<TypeConfig>;
@@ -289,7 +289,7 @@ where
             Err(_) => Err(timed_out()),
             Ok(Err(status)) => Err(unreachable(status)),
             Ok(Ok(r)) => {
-                let resp = self.response(&r.into_inner().payload)?;
+                let resp = answer(self.target, &r.into_inner().payload)?;
                 Ok(stream_result(resp, prev, last)?.0)
             }
         }
@@ -319,10 +319,9 @@ where
                 frame.seq, sent.seq
             ))));
         }
-        let answer = self
-            .response(&frame.payload)
+        let read = answer(self.target, &frame.payload)
             .and_then(|resp| stream_result(resp, sent.prev, sent.last));
-        match answer {
+        match read {
             Ok((result, true)) => Ok(result),
             // A refused append (conflict, higher vote) or one only partly taken: the requests
             // sent after it cannot follow on, so the session ends and openraft decides what
@@ -336,20 +335,6 @@ where
                 Err(e)
             }
         }
-    }
-
-    /// Decodes a follower's answer (openraft's result, postcard). A follower whose Raft stopped
-    /// is reported unreachable: openraft backs off and retries, as for a follower that is down.
-    fn response(
-        &self,
-        bytes: &[u8],
-    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let result: Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>> =
-            decode(bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| {
-            tracing::warn!(peer = self.target, error = %e, "peer's raft answered with an error");
-            RPCError::Unreachable(Unreachable::new(&e))
-        })
     }
 
     /// Ends the session and closes the stream: answers may still be on their way on it.
@@ -413,13 +398,6 @@ async fn sleep_until(deadline: Option<Instant>) {
 
 fn unreachable(status: Status) -> RPCError<TypeConfig> {
     RPCError::Unreachable(Unreachable::new(&status))
-}
-
-fn timed_out() -> RPCError<TypeConfig> {
-    RPCError::Unreachable(Unreachable::new(&std::io::Error::new(
-        std::io::ErrorKind::TimedOut,
-        "peer rpc timed out",
-    )))
 }
 
 #[cfg(test)]

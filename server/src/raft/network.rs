@@ -188,30 +188,31 @@ impl PeerClient {
             }
             Ok(Ok(r)) => r.into_inner(),
         };
-        self.answer(&resp.payload)
+        answer(self.target, &resp.payload)
     }
+}
 
-    /// Decodes a peer's answer: openraft's result, serialized with postcard. A peer whose Raft
-    /// stopped (a fatal error) is reported unreachable: openraft backs off and retries, as for a
-    /// peer that is down.
-    fn answer<Resp>(&self, bytes: &[u8]) -> RpcResult<Resp>
-    where
-        Resp: DeserializeOwned,
-    {
-        let result: Result<Resp, RaftError<TypeConfig>> =
-            decode(bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        result.map_err(|e| {
-            tracing::warn!(peer = self.target, error = %e, "peer's raft answered with an error");
-            RPCError::Unreachable(Unreachable::new(&e))
-        })
-    }
+/// Decodes `target`'s answer: openraft's result, serialized with postcard. A peer whose Raft
+/// stopped (a fatal error) is reported unreachable: openraft backs off and retries, as for a
+/// peer that is down.
+pub fn answer<Resp>(target: NodeId, bytes: &[u8]) -> RpcResult<Resp>
+where
+    Resp: DeserializeOwned,
+{
+    let result: Result<Resp, RaftError<TypeConfig>> =
+        decode(bytes).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+    result.map_err(|e| {
+        tracing::warn!(peer = target, error = %e, "peer's raft answered with an error");
+        RPCError::Unreachable(Unreachable::new(&e))
+    })
 }
 
 fn invalid_url() -> RPCError<TypeConfig> {
     RPCError::Unreachable(Unreachable::new(&std::io::Error::other("invalid peer url")))
 }
 
-fn timed_out() -> RPCError<TypeConfig> {
+/// A peer RPC that outlived its deadline: reported unreachable, so openraft backs off.
+pub fn timed_out() -> RPCError<TypeConfig> {
     RPCError::Unreachable(Unreachable::new(&std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         "peer rpc timed out",
@@ -308,7 +309,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
                 Ok(VoteResponse::new(rpc.vote, None, true))
             }
             Ok(Err(status)) => Err(RPCError::Unreachable(Unreachable::new(&status))),
-            Ok(Ok(r)) => self.answer(&r.into_inner().payload),
+            Ok(Ok(r)) => answer(self.target, &r.into_inner().payload),
         }
     }
 }
