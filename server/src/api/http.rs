@@ -63,6 +63,7 @@ fn has_query_flag(uri: &Uri, name: &str) -> bool {
 }
 
 async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
+    crate::metrics::raft::observe(&state.metrics, &state.ctx.proposer);
     state.metrics.observe_store(&state.ctx.sm);
     state.metrics.observe_in_flight(state.ctx.proposer.oldest_in_flight());
     let (local, leader) = state.ctx.proposer.read_index_rounds();
