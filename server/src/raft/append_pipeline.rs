@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use openraft::error::{NetworkError, RPCError, Unreachable};
+use openraft::error::{NetworkError, RPCError};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, StreamAppendError, StreamAppendResult,
 };
@@ -49,7 +49,7 @@ use tonic::transport::Channel;
 use tonic::{Code, Status};
 
 use super::append_stream::{self, AppendStream, Open};
-use super::network::{answer, encode, timed_out};
+use super::network::{self, answer, encode, timed_out, unreachable};
 use super::types::{LogId, NodeId, TypeConfig};
 
 type Request = AppendEntriesRequest<TypeConfig>;
@@ -259,7 +259,7 @@ where
                         self.appends.set_unary_only();
                         return Err(self.unary(payload, prev, last).await);
                     }
-                    Ok(Err(status)) => return Err(Err(unreachable(status))),
+                    Ok(Err(status)) => return Err(Err(unreachable(&status))),
                 }
             }
         };
@@ -270,7 +270,7 @@ where
         // the queue holds (`append_stream::QUEUED`). Full or closed, the stream is unusable.
         if open.tx.try_send(RaftFrame { seq, payload: payload.payload }).is_err() {
             self.open = None;
-            return Err(Err(unreachable(Status::unavailable("picket: append stream closed"))));
+            return Err(Err(unreachable(&Status::unavailable("picket: append stream closed"))));
         }
         self.sent.push_back(Sent { seq, prev, last, deadline: Instant::now() + self.ttl });
         Ok(())
@@ -283,16 +283,12 @@ where
         prev: Option<LogId>,
         last: Option<LogId>,
     ) -> Item {
-        let mut client = self.client.clone();
-        // Bounded like every append; openraft retries a failed one.
-        match tokio::time::timeout(self.ttl, client.append_entries(payload)).await {
-            Err(_) => Err(timed_out()),
-            Ok(Err(status)) => Err(unreachable(status)),
-            Ok(Ok(r)) => {
-                let resp = answer(self.target, &r.into_inner().payload)?;
-                Ok(stream_result(resp, prev, last)?.0)
-            }
-        }
+        let client = self.client.clone();
+        let resp = network::unary(client, self.target, payload, self.ttl, |mut c, p| {
+            Box::pin(async move { c.append_entries(p).await })
+        })
+        .await?;
+        Ok(stream_result(resp, prev, last)?.0)
     }
 
     fn on_answer(&mut self, frame: Result<Option<RaftFrame>, Status>) -> Item {
@@ -300,21 +296,21 @@ where
             Ok(Some(frame)) => frame,
             Ok(None) => {
                 self.fail();
-                return Err(unreachable(Status::unavailable("picket: append stream ended")));
+                return Err(unreachable(&Status::unavailable("picket: append stream ended")));
             }
             Err(status) => {
                 self.fail();
-                return Err(unreachable(status));
+                return Err(unreachable(&status));
             }
         };
         let Some(sent) = self.sent.pop_front() else {
             self.fail();
-            return Err(unreachable(Status::internal("picket: append stream answered nothing")));
+            return Err(unreachable(&Status::internal("picket: append stream answered nothing")));
         };
         self.plan.answered();
         if frame.seq != sent.seq {
             self.fail();
-            return Err(unreachable(Status::internal(format!(
+            return Err(unreachable(&Status::internal(format!(
                 "picket: append stream answered request {} for request {}",
                 frame.seq, sent.seq
             ))));
@@ -394,10 +390,6 @@ async fn sleep_until(deadline: Option<Instant>) {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
-}
-
-fn unreachable(status: Status) -> RPCError<TypeConfig> {
-    RPCError::Unreachable(Unreachable::new(&status))
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use tonic::{Status, Streaming};
 
 use super::network::decode;
 use super::proposer::Proposer;
-use super::service::{bad_payload, encode_reply, vote_leader};
+use super::service::{bad_payload, encode_reply, record_contact, vote_leader};
 use super::types::{NodeId, TypeConfig};
 
 /// The answers of one session, in request order.
@@ -91,11 +91,7 @@ pub fn serve(
             Ok(result) => Ok(AppendEntriesResponse::from(result)),
             Err(fatal) => Err(RaftError::Fatal(fatal)),
         };
-        // Raft accepted the sender as leader (anything but a higher vote): record the contact
-        // (`leader_contact`).
-        if matches!(&answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
-            proposer.heard_from(leader);
-        }
+        record_contact(&proposer, leader, &answer);
         encode_reply(&answer).map(|p| RaftFrame { seq, payload: p.payload })
     });
     let failure = futures::stream::once(async move { line.lock().failure.take() })

@@ -146,7 +146,7 @@ type RpcResult<T> = Result<T, RPCError<TypeConfig>>;
 type AppendItem = RpcResult<StreamAppendResult<TypeConfig>>;
 
 /// One unary method of the generated peer client, boxed so `call` can share the plumbing.
-type PeerMethod =
+pub type PeerMethod =
     fn(
         RaftServiceClient<Channel>,
         RaftPayload,
@@ -178,18 +178,30 @@ impl PeerClient {
         Resp: DeserializeOwned,
     {
         let client = self.client.clone().ok_or_else(invalid_url)?;
-        // Bounded by openraft's per-RPC deadline; on expiry openraft backs off and retries,
-        // which is safe for all three RPCs (each is idempotent on the receiver).
-        let resp = match tokio::time::timeout(option.hard_ttl(), method(client, payload)).await {
-            Err(_) => return Err(timed_out()),
-            Ok(Err(status)) => {
-                // Connection-level failures: let openraft back off before retrying.
-                return Err(RPCError::Unreachable(Unreachable::new(&status)));
-            }
-            Ok(Ok(r)) => r.into_inner(),
-        };
-        answer(self.target, &resp.payload)
+        unary(client, self.target, payload, option.hard_ttl(), method).await
     }
+}
+
+/// One unary call of `method` to `target`, bounded by `ttl`, its answer decoded ([`answer`]).
+pub async fn unary<Resp>(
+    client: RaftServiceClient<Channel>,
+    target: NodeId,
+    payload: RaftPayload,
+    ttl: Duration,
+    method: PeerMethod,
+) -> RpcResult<Resp>
+where
+    Resp: DeserializeOwned,
+{
+    // Bounded by openraft's per-RPC deadline; on expiry openraft backs off and retries, which is
+    // safe for all three RPCs (each is idempotent on the receiver).
+    let resp = match tokio::time::timeout(ttl, method(client, payload)).await {
+        Err(_) => return Err(timed_out()),
+        // Connection-level failures: let openraft back off before retrying.
+        Ok(Err(status)) => return Err(unreachable(&status)),
+        Ok(Ok(r)) => r.into_inner(),
+    };
+    answer(target, &resp.payload)
 }
 
 /// Decodes `target`'s answer: openraft's result, serialized with postcard. A peer whose Raft
@@ -205,6 +217,12 @@ where
         tracing::warn!(peer = target, error = %e, "peer's raft answered with an error");
         RPCError::Unreachable(Unreachable::new(&e))
     })
+}
+
+/// A peer that could not be reached, or whose call failed at the connection: openraft backs off
+/// before retrying.
+pub fn unreachable(status: &tonic::Status) -> RPCError<TypeConfig> {
+    RPCError::Unreachable(Unreachable::new(status))
 }
 
 fn invalid_url() -> RPCError<TypeConfig> {
@@ -308,7 +326,7 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
             Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
                 Ok(VoteResponse::new(rpc.vote, None, true))
             }
-            Ok(Err(status)) => Err(RPCError::Unreachable(Unreachable::new(&status))),
+            Ok(Err(status)) => Err(unreachable(&status)),
             Ok(Ok(r)) => answer(self.target, &r.into_inner().payload),
         }
     }

@@ -85,10 +85,20 @@ async fn append(
 ) -> Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>> {
     let leader = vote_leader(&rpc.vote);
     let answer = proposer.raft().append_entries(rpc).await;
-    if matches!(&answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
+    record_contact(proposer, leader, &answer);
+    answer
+}
+
+/// Records contact with `leader` (`leader_contact`) when Raft's `answer` to its append accepted
+/// it as leader: anything but an error or a higher vote.
+pub(super) fn record_contact(
+    proposer: &Proposer,
+    leader: NodeId,
+    answer: &Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>,
+) {
+    if matches!(answer, Ok(r) if !matches!(r, AppendEntriesResponse::HigherVote(_))) {
         proposer.heard_from(leader);
     }
-    answer
 }
 
 pub(super) fn bad_payload(e: postcard::Error) -> Status {
