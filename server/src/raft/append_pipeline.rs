@@ -34,6 +34,7 @@
 //! the next one.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::time::Duration;
 
 use futures::stream::BoxStream;
@@ -44,7 +45,7 @@ use openraft::raft::{
 };
 use picket_proto::picket::raft::v1::raft_service_client::RaftServiceClient;
 use picket_proto::picket::raft::v1::{RaftFrame, RaftPayload};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
@@ -72,8 +73,8 @@ const MAX_MERGED_ENTRIES: usize = 300;
 pub struct Plan {
     /// Taken from openraft, not sent yet, in order.
     held: VecDeque<Request>,
-    /// Sent and unanswered, oldest first: whether each carried entries.
-    unanswered: VecDeque<bool>,
+    /// Sent and unanswered, oldest first.
+    unanswered: VecDeque<Sent>,
 }
 
 impl Plan {
@@ -93,19 +94,35 @@ impl Plan {
     }
 
     /// The next request to send now, if the rules allow one: the oldest held request, when no
-    /// request of its kind (entries, or only the commit index) is unanswered.
+    /// request of its kind (entries, or only the commit index) is unanswered. Record it with
+    /// [`Plan::sent`] once it is on the stream.
     pub fn next_to_send(&mut self) -> Option<Request> {
         let entries = !self.held.front()?.entries.is_empty();
-        if self.unanswered.contains(&entries) {
+        if self.unanswered.iter().any(|s| s.entries == entries) {
             return None;
         }
-        self.unanswered.push_back(entries);
         self.held.pop_front()
     }
 
-    /// The oldest unanswered request was answered.
-    pub fn answered(&mut self) {
-        self.unanswered.pop_front();
+    /// `req` went out as request number `seq`, to be answered by `deadline`.
+    pub fn sent(&mut self, req: &Request, seq: u64, deadline: Instant) {
+        self.unanswered.push_back(Sent {
+            seq,
+            entries: !req.entries.is_empty(),
+            prev: req.prev_log_id,
+            last: last_log_id(req),
+            deadline,
+        });
+    }
+
+    /// The oldest unanswered request was answered: what it was.
+    pub fn answered(&mut self) -> Option<Sent> {
+        self.unanswered.pop_front()
+    }
+
+    /// When the oldest unanswered request must be answered by.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.unanswered.front().map(|s| s.deadline)
     }
 
     /// Nothing held and nothing unanswered.
@@ -132,9 +149,11 @@ fn merge(last: &mut Request, next: Request) {
     last.leader_commit = last.leader_commit.max(next.leader_commit);
 }
 
-/// A sent request's number, the log ids its answer is read against, and its deadline.
-struct Sent {
+/// A sent request: its number, its kind, the log ids its answer is read against, its deadline.
+pub struct Sent {
     seq: u64,
+    /// It carried entries (else only the commit index).
+    entries: bool,
     prev: Option<LogId>,
     last: Option<LogId>,
     deadline: Instant,
@@ -159,7 +178,10 @@ where
         input: Some(input),
         plan: Plan::default(),
         open: None,
-        sent: VecDeque::new(),
+        // Armed once something is unanswered (`step`); one timer for the session, moved to
+        // each oldest deadline, rather than one made and dropped on every turn.
+        timer: Box::pin(tokio::time::sleep_until(Instant::now() + ttl)),
+        timer_at: None,
         ttl,
         over: false,
     };
@@ -177,7 +199,9 @@ struct Driver<'s, S> {
     input: Option<S>,
     plan: Plan,
     open: Option<Open>,
-    sent: VecDeque<Sent>,
+    /// Fires at the oldest unanswered request's deadline (`timer_at`).
+    timer: Pin<Box<Sleep>>,
+    timer_at: Option<Instant>,
     ttl: Duration,
     /// The session is over: nothing more is read or sent.
     over: bool,
@@ -208,14 +232,18 @@ where
                 return None;
             }
             let take = self.plan.may_take();
-            let deadline = self.sent.front().map(|s| s.deadline);
+            let deadline = self.plan.deadline();
+            if let Some(d) = deadline.filter(|d| self.timer_at != Some(*d)) {
+                self.timer.as_mut().reset(d);
+                self.timer_at = Some(d);
+            }
             tokio::select! {
                 // Answers first: each one frees room to take and send more.
                 biased;
-                frame = next_frame(self.open.as_mut()), if !self.sent.is_empty() => {
+                frame = next_frame(self.open.as_mut()), if deadline.is_some() => {
                     return Some(self.on_answer(frame));
                 }
-                _ = sleep_until(deadline) => {
+                () = self.timer.as_mut(), if deadline.is_some() => {
                     // Bounded like every append (openraft's RPC timeout): a follower that
                     // does not answer in time is retried by openraft after its backoff.
                     self.fail();
@@ -232,24 +260,18 @@ where
     /// Sends `req` on the stream, opening it if there is none. `Err` carries the item that ends
     /// the session.
     async fn send(&mut self, req: Request) -> Result<(), Item> {
-        let (prev, last) = (req.prev_log_id, last_log_id(&req));
         let payload = encode(&req).map_err(|e| Err(RPCError::Network(NetworkError::new(&e))))?;
         let open = match self.open.take().or_else(|| self.appends.take_open()) {
             Some(open) => open,
             None => {
-                debug_assert!(self.sent.is_empty(), "requests unanswered on no stream");
+                debug_assert!(self.plan.deadline().is_none(), "requests unanswered on no stream");
                 let bytes = payload.payload.clone();
                 match tokio::time::timeout(self.ttl, append_stream::open(&self.client, bytes)).await
                 {
                     Err(_) => return Err(Err(timed_out())),
                     Ok(Ok(open)) => {
                         self.open = Some(open);
-                        self.sent.push_back(Sent {
-                            seq: 1,
-                            prev,
-                            last,
-                            deadline: Instant::now() + self.ttl,
-                        });
+                        self.plan.sent(&req, 1, Instant::now() + self.ttl);
                         return Ok(());
                     }
                     Ok(Err(status)) if status.code() == Code::Unimplemented => {
@@ -257,7 +279,7 @@ where
                         // unary call, then the session ends and openraft's next one is
                         // one-at-a-time (`network.rs`).
                         self.appends.set_unary_only();
-                        return Err(self.unary(payload, prev, last).await);
+                        return Err(self.unary(payload, &req).await);
                     }
                     Ok(Err(status)) => return Err(Err(unreachable(&status))),
                 }
@@ -272,23 +294,18 @@ where
             self.open = None;
             return Err(Err(unreachable(&Status::unavailable("picket: append stream closed"))));
         }
-        self.sent.push_back(Sent { seq, prev, last, deadline: Instant::now() + self.ttl });
+        self.plan.sent(&req, seq, Instant::now() + self.ttl);
         Ok(())
     }
 
     /// One request as a unary call, for a peer without the stream.
-    async fn unary(
-        &mut self,
-        payload: RaftPayload,
-        prev: Option<LogId>,
-        last: Option<LogId>,
-    ) -> Item {
+    async fn unary(&mut self, payload: RaftPayload, req: &Request) -> Item {
         let client = self.client.clone();
         let resp = network::unary(client, self.target, payload, self.ttl, |mut c, p| {
             Box::pin(async move { c.append_entries(p).await })
         })
         .await?;
-        Ok(stream_result(resp, prev, last)?.0)
+        Ok(stream_result(resp, req.prev_log_id, last_log_id(req))?.0)
     }
 
     fn on_answer(&mut self, frame: Result<Option<RaftFrame>, Status>) -> Item {
@@ -303,11 +320,10 @@ where
                 return Err(unreachable(&status));
             }
         };
-        let Some(sent) = self.sent.pop_front() else {
+        let Some(sent) = self.plan.answered() else {
             self.fail();
             return Err(unreachable(&Status::internal("picket: append stream answered nothing")));
         };
-        self.plan.answered();
         if frame.seq != sent.seq {
             self.fail();
             return Err(unreachable(&Status::internal(format!(
@@ -381,13 +397,6 @@ where
     match input {
         Some(input) => input.next().await,
         // Only polled while openraft may still make requests.
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
 }

@@ -40,21 +40,28 @@ fn shape(r: &Request) -> (Option<u64>, usize, Option<u64>) {
     (r.entries.first().map(|e| e.log_id.index), r.entries.len(), r.leader_commit.map(|c| c.index))
 }
 
+/// The plan's next request, recorded as sent the way the session records it.
+fn send(plan: &mut Plan) -> Option<Request> {
+    let r = plan.next_to_send()?;
+    plan.sent(&r, 0, tokio::time::Instant::now());
+    Some(r)
+}
+
 #[test]
 fn the_commit_index_goes_out_past_unanswered_entries_and_entries_wait() {
     let mut plan = Plan::default();
     plan.take(req(1, 1, None));
-    assert_eq!(plan.next_to_send().map(|r| shape(&r)), Some((Some(1), 1, None)));
+    assert_eq!(send(&mut plan).map(|r| shape(&r)), Some((Some(1), 1, None)));
     tracing::info!("the commit of entry 1 leaves while entry 1 is unanswered");
     plan.take(commit_only(1, 1));
-    assert_eq!(plan.next_to_send().map(|r| shape(&r)), Some((None, 0, Some(1))));
+    assert_eq!(send(&mut plan).map(|r| shape(&r)), Some((None, 0, Some(1))));
     assert!(!plan.may_take(), "two unanswered: one of each kind");
     tracing::info!("entry 2 waits for entry 1's answer");
     plan.answered();
     assert!(plan.may_take());
     plan.take(req(2, 2, Some(1)));
     plan.answered();
-    assert_eq!(plan.next_to_send().map(|r| shape(&r)), Some((Some(2), 1, Some(1))));
+    assert_eq!(send(&mut plan).map(|r| shape(&r)), Some((Some(2), 1, Some(1))));
     plan.answered();
     assert!(plan.idle());
 }
@@ -63,24 +70,24 @@ fn the_commit_index_goes_out_past_unanswered_entries_and_entries_wait() {
 fn what_waits_is_merged_into_one_request_with_the_newest_commit() {
     let mut plan = Plan::default();
     plan.take(req(1, 1, None));
-    assert!(plan.next_to_send().is_some());
+    assert!(send(&mut plan).is_some());
     tracing::info!("entries 2-3 and then the commit of 1 arrive while entry 1 is unanswered");
     plan.take(req(2, 2, None));
     plan.take(req(3, 3, None));
     plan.take(commit_only(3, 1));
-    assert!(plan.next_to_send().is_none(), "no second entries request while one is unanswered");
+    assert!(send(&mut plan).is_none(), "no second entries request while one is unanswered");
     plan.answered();
-    let merged = plan.next_to_send().expect("the held entries, once entry 1 is answered");
+    let merged = send(&mut plan).expect("the held entries, once entry 1 is answered");
     assert_eq!(shape(&merged), (Some(2), 2, Some(1)));
     assert_eq!(merged.prev_log_id, Some(log_id(1, 1, 1)));
     tracing::info!("a commit-only request that waits takes the entries made after it");
     plan.take(commit_only(3, 2));
-    assert!(plan.next_to_send().is_some(), "commit-only, past the unanswered entries");
+    assert!(send(&mut plan).is_some(), "commit-only, past the unanswered entries");
     plan.take(commit_only(3, 3));
-    assert!(plan.next_to_send().is_none(), "one commit-only request unanswered at a time");
+    assert!(send(&mut plan).is_none(), "one commit-only request unanswered at a time");
     plan.take(req(4, 4, Some(3)));
     plan.answered();
-    let next = plan.next_to_send().expect("entries 2-3 answered: the merged request goes");
+    let next = send(&mut plan).expect("entries 2-3 answered: the merged request goes");
     assert_eq!(shape(&next), (Some(4), 1, Some(3)));
     assert_eq!(next.prev_log_id, Some(log_id(1, 1, 3)));
 }
@@ -89,23 +96,23 @@ fn what_waits_is_merged_into_one_request_with_the_newest_commit() {
 fn requests_that_do_not_continue_each_other_or_overflow_are_not_merged() {
     let mut plan = Plan::default();
     plan.take(req(1, 1, None));
-    assert!(plan.next_to_send().is_some());
+    assert!(send(&mut plan).is_some());
     plan.take(req(2, 301, None));
     plan.take(req(302, 302, None));
     assert!(!plan.may_take(), "two held requests: nothing more is taken");
     plan.answered();
-    assert_eq!(plan.next_to_send().map(|r| shape(&r)), Some((Some(2), 300, None)));
+    assert_eq!(send(&mut plan).map(|r| shape(&r)), Some((Some(2), 300, None)));
     plan.answered();
-    assert_eq!(plan.next_to_send().map(|r| shape(&r)), Some((Some(302), 1, None)));
+    assert_eq!(send(&mut plan).map(|r| shape(&r)), Some((Some(302), 1, None)));
     tracing::info!("another leader's request, or one that does not follow on, stays apart");
     let mut other = req(303, 303, None);
     other.vote = Vote::new_committed(2, 3);
     plan.take(other);
     plan.take(req(310, 310, None));
     plan.answered();
-    assert_eq!(plan.next_to_send().map(|r| r.vote), Some(Vote::new_committed(2, 3)));
+    assert_eq!(send(&mut plan).map(|r| r.vote), Some(Vote::new_committed(2, 3)));
     plan.answered();
-    assert_eq!(plan.next_to_send().map(|r| shape(&r)), Some((Some(310), 1, None)));
+    assert_eq!(send(&mut plan).map(|r| shape(&r)), Some((Some(310), 1, None)));
 }
 
 type Answer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
@@ -119,7 +126,16 @@ async fn client(url: &str) -> PeerClient {
 /// One session through the network's `stream_append`, as openraft's replication runs it:
 /// `requests`, then the end of openraft's requests. Returns what openraft was told, in order.
 async fn session(client: &mut PeerClient, requests: Vec<Request>) -> Vec<Answer> {
-    let option = RPCOption::new(Duration::from_secs(3));
+    session_within(client, requests, Duration::from_secs(3)).await
+}
+
+/// [`session`] with `ttl` as openraft's RPC timeout.
+async fn session_within(
+    client: &mut PeerClient,
+    requests: Vec<Request>,
+    ttl: Duration,
+) -> Vec<Answer> {
+    let option = RPCOption::new(ttl);
     let answers = client
         .stream_append(futures::stream::iter(requests), option)
         .await
@@ -204,6 +220,20 @@ async fn a_session_dropped_halfway_is_never_answered_on_the_next_one() {
         let gave_up = tokio::time::timeout(SLOW / 3, answers.next()).await;
         assert!(gave_up.is_err());
     }
+    let answers = session(&mut c, vec![req(2, 2, None)]).await;
+    assert!(matches!(answers.as_slice(), [Ok(Ok(Some(l)))] if l.index == 2), "{answers:?}");
+    assert_eq!(p.streams.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+/// A follower that does not answer within openraft's RPC timeout fails the session, and the
+/// next session starts on a new stream.
+#[tokio::test]
+async fn an_answer_past_its_deadline_fails_the_session() {
+    let p = peer(Mode::FollowerSlowFirst).await;
+    let mut c = client(&p.url).await;
+    let answers = session_within(&mut c, vec![req(1, 1, None)], SLOW / 3).await;
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert!(format!("{:?}", answers[0]).contains("timed out"), "{answers:?}");
     let answers = session(&mut c, vec![req(2, 2, None)]).await;
     assert!(matches!(answers.as_slice(), [Ok(Ok(Some(l)))] if l.index == 2), "{answers:?}");
     assert_eq!(p.streams.load(std::sync::atomic::Ordering::SeqCst), 2);
