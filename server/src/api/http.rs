@@ -72,6 +72,8 @@ async fn metrics(State(state): State<Arc<HttpState>>) -> Response {
     state.metrics.observe_relay_calls(stream, unary);
     let (by_apply, by_leader) = state.ctx.proposer.forwarded_answers();
     state.metrics.observe_forwarded_answers(by_apply, by_leader);
+    let (by_apply, by_raft) = state.ctx.proposer.local_answers();
+    state.metrics.observe_local_answers(by_apply, by_raft);
     match state.metrics.render() {
         Ok(text) => (StatusCode::OK, [(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text)
             .into_response(),

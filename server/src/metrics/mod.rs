@@ -95,6 +95,7 @@ pub struct Metrics {
     read_index_rounds: IntCounterVec,
     relay_calls: IntCounterVec,
     forwarded_answers: IntCounterVec,
+    local_answers: IntCounterVec,
 }
 
 fn register<C: prometheus::core::Collector + Clone + 'static>(
@@ -347,6 +348,18 @@ impl Metrics {
                     &["by"],
                 )?,
             )?,
+            local_answers: register(
+                r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "server_local_answers_total",
+                        "Writes proposed on this member while it led and answered: \
+                         by=\"apply\" with the result its own apply handed over, by=\"raft\" \
+                         with openraft's answer to the entry.",
+                    ),
+                    &["by"],
+                )?,
+            )?,
             registry,
         };
         Ok(metrics)
@@ -451,6 +464,14 @@ impl Metrics {
         }
     }
 
+    /// Brings the local-answer counters up to the proposer's counts, at scrape time.
+    pub fn observe_local_answers(&self, by_apply: u64, by_raft: u64) {
+        for (by, now) in [("apply", by_apply), ("raft", by_raft)] {
+            let c = self.local_answers.with_label_values(&[by]);
+            c.inc_by(now.saturating_sub(c.get()));
+        }
+    }
+
     /// Refreshes the gauges that are read from the store at scrape time.
     pub fn observe_store(&self, sm: &Shared) {
         let (total, in_use) = crate::quota::db_sizes(sm.engine());
@@ -540,6 +561,7 @@ mod tests {
         m.observe_read_index_rounds(5, 2);
         m.observe_relay_calls(4, 1);
         m.observe_forwarded_answers(6, 2);
+        m.observe_local_answers(9, 1);
         let text = m.render().expect("render");
         assert!(text.contains("picket_server_quota_backend_bytes 1048576"), "{text}");
         assert!(text.contains("picket_server_max_request_bytes 1572864"), "{text}");
@@ -554,6 +576,8 @@ mod tests {
         assert!(text.contains("picket_server_relay_calls_total{via=\"unary\"} 1"), "{text}");
         assert!(text.contains("picket_server_forwarded_answers_total{by=\"apply\"} 6"), "{text}");
         assert!(text.contains("picket_server_forwarded_answers_total{by=\"leader\"} 2"), "{text}");
+        assert!(text.contains("picket_server_local_answers_total{by=\"apply\"} 9"), "{text}");
+        assert!(text.contains("picket_server_local_answers_total{by=\"raft\"} 1"), "{text}");
         drop((w, slow));
         let text = m.render().expect("render");
         assert!(text.contains("picket_debugging_mvcc_watcher_total 0"), "{text}");

@@ -215,6 +215,12 @@ impl Proposer {
     /// command shares an entry with concurrent proposals (group commit) and gets its own result,
     /// with the index of that entry.
     pub async fn propose_local(&self, cmd: Command) -> Result<Applied, ProposeError> {
+        self.refuse_local(&cmd)?;
+        self.inner.writes.propose(cmd).await
+    }
+
+    /// Why [`Self::propose_local`] would refuse `cmd` without proposing it, if it would.
+    fn refuse_local(&self, cmd: &Command) -> Result<(), ProposeError> {
         if self.paused() {
             // Nothing was appended, so the caller may retry (elsewhere) safely.
             return Err(ProposeError::NotLeader(None));
@@ -232,7 +238,32 @@ impl Proposer {
                 "picket: a command batch cannot be proposed; propose its commands one by one",
             )));
         }
-        self.inner.writes.propose(cmd).await
+        Ok(())
+    }
+
+    /// A client's command proposed on this member, which leads: answered by this member's own
+    /// apply (`storage::forwarded`, as a forwarded command is on the member that forwarded it)
+    /// or by openraft's answer to the entry, whichever comes first. Apply hands the result over
+    /// as soon as the entry's batch is committed; openraft's answer reaches the caller later,
+    /// through the state machine's responder, the batcher's task and whatever openraft's core
+    /// queued meanwhile on the same runtime (on a lone write ~40 us more, docs/benchmarks.md
+    /// "Session 38"). Both carry the same result: apply is deterministic and runs once per
+    /// entry. A refusal or a lost leadership still comes from openraft's side.
+    async fn propose_here(&self, cmd: Command) -> Result<CommandResult, ProposeError> {
+        self.refuse_local(&cmd)?;
+        let registry = &self.inner.forwarded;
+        let (tagged, mut here) = registry.tag(cmd.into_inner());
+        let (result, by_apply) = tokio::select! {
+            biased;
+            result = here.applied() => (Ok(result), true),
+            answer = self.inner.writes.propose(Command::new(tagged)) => {
+                (answer.map(|a| a.result), false)
+            }
+        };
+        if result.is_ok() {
+            registry.answered_local(by_apply);
+        }
+        result
     }
 
     /// Proposes a command from any member and returns its deterministic result, within the
@@ -251,7 +282,7 @@ impl Proposer {
         deadline: Instant,
     ) -> Result<CommandResult, ProposeError> {
         loop {
-            match self.propose_local(cmd.clone()).await {
+            match self.propose_here(cmd.clone()).await {
                 Err(ProposeError::NotLeader(Some(leader))) if leader != self.inner.node_id => {
                     match self.forward(cmd.clone()).await {
                         // Refused before appending, or never sent: safe to retry after a pause
@@ -268,7 +299,7 @@ impl Proposer {
                     }
                     tokio::time::sleep(NO_LEADER_BACKOFF).await;
                 }
-                other => return other.map(|a| a.result),
+                other => return other,
             }
         }
     }
@@ -303,6 +334,12 @@ impl Proposer {
     /// with the leader's result).
     pub fn forwarded_answers(&self) -> (u64, u64) {
         self.inner.forwarded.answers()
+    }
+
+    /// Writes proposed here while this member led, answered so far: (with the result this
+    /// member's apply handed over, with openraft's answer to the entry).
+    pub fn local_answers(&self) -> (u64, u64) {
+        self.inner.forwarded.local_answers()
     }
 
     /// A forwarded command's result, once this member has applied the entry that carried it

@@ -12,6 +12,12 @@
 //! ([`ForwardedResults::tag`]) and apply hands a tagged command's result straight to its waiter
 //! ([`ForwardedResults::deliver`]), after the batch that applied it is committed.
 //!
+//! The leader's own clients are answered the same way (`raft::proposer`, "propose_here"): its
+//! apply hands a tagged command's result to the waiting client before openraft's answer to the
+//! entry has come back through the state machine's responder, the batcher and openraft's core
+//! (docs/benchmarks.md, "Session 38"). A leader's tag reaches the followers' logs too, where it
+//! matches no waiter, as a forwarding follower's tag does on the leader.
+//!
 //! A tag is `(origin, ticket)`. `origin` is drawn at random when the member starts, so a tag
 //! written by another member, or by an earlier run of this one (replayed from the log after a
 //! restart), matches no waiter here; `ticket` counts this run's forwards. The leader's answer
@@ -35,8 +41,28 @@ pub struct ForwardedResults {
     waiting: Mutex<HashMap<u64, oneshot::Sender<CommandResult>>>,
     /// Forwarded commands answered with the result this member's apply handed over, and with
     /// the leader's result (`picket_server_forwarded_answers_total`).
+    forwarded: Answers,
+    /// Commands proposed here while this member led, answered with the result its apply handed
+    /// over, and with openraft's answer to the entry (`picket_server_local_answers_total`).
+    local: Answers,
+}
+
+/// Callers answered with the result this member's apply handed over, and otherwise.
+#[derive(Default)]
+struct Answers {
     by_apply: AtomicU64,
-    by_leader: AtomicU64,
+    other: AtomicU64,
+}
+
+impl Answers {
+    fn count(&self, by_apply: bool) {
+        let counter = if by_apply { &self.by_apply } else { &self.other };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> (u64, u64) {
+        (self.by_apply.load(Ordering::Relaxed), self.other.load(Ordering::Relaxed))
+    }
 }
 
 impl Default for ForwardedResults {
@@ -54,21 +80,31 @@ impl ForwardedResults {
             origin: rand::random(),
             next_ticket: AtomicU64::new(0),
             waiting: Mutex::default(),
-            by_apply: AtomicU64::new(0),
-            by_leader: AtomicU64::new(0),
+            forwarded: Answers::default(),
+            local: Answers::default(),
         }
     }
 
     /// Counts one forwarded command answered: with the result this member's apply handed over
     /// (`by_apply`), or with the leader's.
     pub fn answered(&self, by_apply: bool) {
-        let counter = if by_apply { &self.by_apply } else { &self.by_leader };
-        counter.fetch_add(1, Ordering::Relaxed);
+        self.forwarded.count(by_apply);
     }
 
     /// Forwarded commands answered so far: (by this member's apply, by the leader's answer).
     pub fn answers(&self) -> (u64, u64) {
-        (self.by_apply.load(Ordering::Relaxed), self.by_leader.load(Ordering::Relaxed))
+        self.forwarded.get()
+    }
+
+    /// Counts one command proposed here while this member led, answered with the result its
+    /// apply handed over (`by_apply`), or with openraft's answer to the entry.
+    pub fn answered_local(&self, by_apply: bool) {
+        self.local.count(by_apply);
+    }
+
+    /// Local commands answered so far: (by this member's apply, by openraft's answer).
+    pub fn local_answers(&self) -> (u64, u64) {
+        self.local.get()
     }
 
     /// Tags `cmd` with a new ticket and registers its waiter. The waiter stays registered until
@@ -97,8 +133,9 @@ impl ForwardedResults {
         self.ticket(cmd).map_or(Ours::None, Ours::Whole)
     }
 
-    /// Whether another member forwarded `cmd` (or a command of its batch) and so waits for
-    /// this member's commit index to reach it before it can apply and answer its client.
+    /// Whether another member tagged `cmd` (or a command of its batch: it forwarded it, or
+    /// proposed it while leading) and so waits for this member's commit index to reach it
+    /// before it can apply and answer its client.
     pub fn forwarded_elsewhere(&self, cmd: &RaftCommand) -> bool {
         let elsewhere =
             |c: &RaftCommand| c.forwarded.as_ref().is_some_and(|t| t.origin != self.origin);
