@@ -219,10 +219,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // runtime thread the connection tasks that write the commit messages then ran only
         // after this apply (~50-70 us later on the forwarding member's path, session 35's hop
         // trace). Yielding once lets them go first. Only for such entries: for a command of this
-        // member's own client, the apply is what the reply waits for. (On a follower, which sends
-        // no commits, the yield costs one pass of the scheduler and changes nothing else.)
-        let forwarded = entries.iter().any(|e| match &e.payload {
-            EntryPayload::Normal(cmd) => self.shared.forwarded.forwarded_elsewhere(cmd.get()),
+        // member's own client, the apply is what the reply waits for. And only for entries this
+        // member proposed (openraft hands their responders only to the member that proposed
+        // them, the leader): a follower sends no commits, and it sees the leader's own clients'
+        // commands tagged too (`super::forwarded`); yielding there only put its apply, and the
+        // lock hand-offs and answers waiting on it, behind whatever else was queued.
+        let forwarded = entries.iter().zip(&responders).any(|(e, r)| match &e.payload {
+            EntryPayload::Normal(cmd) => {
+                r.is_some() && self.shared.forwarded.forwarded_elsewhere(cmd.get())
+            }
             _ => false,
         });
         if forwarded {

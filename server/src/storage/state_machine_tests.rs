@@ -217,3 +217,42 @@ async fn the_propose_time_alarm_copy_follows_applies_and_installs() {
     m.apply(batch(alarm(AlarmAction::Activate))).await;
     assert!(m.sm.shared().alarms().nospace(), "an activation inside a batch");
 }
+
+/// A member that did not propose an entry (a follower: openraft hands an entry's responder only
+/// to the member that proposed it) applies it at once, even when another member tagged its
+/// command (`storage::forwarded`: a follower's forward, or since session 38 every command of
+/// the leader's own clients). The yield before apply lets a leader send the commit first; a
+/// follower sends none, and yielding there put its apply, and the lock hand-offs and answers
+/// waiting on it, behind whatever else its runtime had queued. Seen failing before the yield
+/// was limited to entries with a responder: the apply was still pending after one poll.
+#[test]
+fn a_member_that_did_not_propose_an_entry_applies_it_without_yielding() {
+    use futures::FutureExt;
+    use openraft::EntryPayload;
+
+    use crate::raft::types::{log_id, Command, Entry};
+    use crate::storage::forwarded::ForwardedResults;
+
+    let mut m = Member::new();
+    let elsewhere = std::sync::Arc::new(ForwardedResults::new());
+    let (tagged, _waiter) = elsewhere.tag(picket_proto::picket::raft::v1::RaftCommand {
+        cmd: Some(put("from-the-leader")),
+        forwarded: None,
+    });
+    assert!(m.sm.shared().forwarded().forwarded_elsewhere(&tagged), "tagged by another member");
+    let entry =
+        Entry { log_id: log_id(1, 1, 1), payload: EntryPayload::Normal(Command::new(tagged)) };
+    let entries = futures::stream::iter(vec![Ok((entry, None))]);
+    let applied = m.sm.apply(entries).now_or_never();
+    assert!(applied.is_some(), "the apply yielded on a member without the entry's responder");
+    applied.unwrap().expect("applied");
+    let read =
+        m.sm.shared()
+            .reader()
+            .range(&picket_proto::etcdserverpb::RangeRequest {
+                key: b"from-the-leader".to_vec(),
+                ..Default::default()
+            })
+            .expect("read");
+    assert_eq!(read.kvs.len(), 1, "the entry was applied");
+}
