@@ -1,5 +1,6 @@
-//! Results of the commands this member forwarded to the leader, handed to their waiters when
-//! this member applies them (etcd's wait registry, on a follower).
+//! Results of the commands this member tagged (forwarded to the leader, or proposed for its own
+//! clients while it led), handed to their waiters when this member applies them (etcd's wait
+//! registry).
 //!
 //! A client write that reaches a follower is proposed by the leader, and the follower answers
 //! only once it has applied the entry itself (`raft::proposer`, "applied here"), so a read on
@@ -20,7 +21,7 @@
 //!
 //! A tag is `(origin, ticket)`. `origin` is drawn at random when the member starts, so a tag
 //! written by another member, or by an earlier run of this one (replayed from the log after a
-//! restart), matches no waiter here; `ticket` counts this run's forwards. The leader's answer
+//! restart), matches no waiter here; `ticket` counts this run's tagged commands. The leader's answer
 //! still comes and is still used when this member does not apply the entry itself (it installs
 //! a snapshot that covers it), so a missed hand-over only costs the old wait.
 
