@@ -45,6 +45,7 @@ use crate::raft::proposer::Proposer;
 use crate::raft::service::{PeerService, SnapshotReceiver};
 use crate::raft::transfer::{self, ShutdownTransfer};
 use crate::raft::types::{NodeId, Raft};
+use crate::raft::vote_hold::VoteHold;
 use crate::storage::log_store::LogStore;
 use crate::storage::rocks::OpenError;
 use crate::storage::state_machine::StateMachine;
@@ -234,6 +235,10 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     let raft_config = bootstrap::raft_config(&cfg)?;
     let sending = crate::raft::snapshot_pace::Sending::default();
     let network = Network::new(dialer.clone(), sending.clone());
+    // Before the Raft core exists: a vote it may have promised before a crash was promised
+    // before this instant (`raft::vote_hold`).
+    let stored_vote = log_store.stored_vote()?;
+    let started = tokio::time::Instant::now();
     let raft = Raft::new(node_id, raft_config, network, log_store, sm)
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
@@ -267,6 +272,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     let (stop, stop_rx) = watch::channel(false);
     let mut servers = JoinSet::new();
     let leader_lease = std::time::Duration::from_millis(raft.config().election_timeout_max);
+    let vote_hold = VoteHold::for_raft(&raft, stored_vote.as_ref(), started);
     let control = ClusterControl::new(
         cluster_id,
         proposer.clone(),
@@ -279,7 +285,8 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         Arc::new(SnapshotReceiver { receiver: Default::default(), shared: ctx.sm.clone() });
     for (l, https) in peer_listeners.into_iter().zip(tls::listener_tls(&cfg, Side::Peer)) {
         let relay = Arc::new(LeaseRelayTarget(ctx.clone()));
-        let peer = PeerService::new(proposer.clone(), snapshots.clone(), relay, stop_rx.clone());
+        let peer = PeerService::new(proposer.clone(), snapshots.clone(), relay, stop_rx.clone())
+            .with_vote_hold(vote_hold);
         let svc = RaftServiceServer::new(peer)
             .max_decoding_message_size(usize::MAX)
             .max_encoding_message_size(usize::MAX);

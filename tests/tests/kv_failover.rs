@@ -193,3 +193,85 @@ async fn a_minority_refuses_writes_and_resumes_when_a_member_returns() -> Result
     cluster.finish();
     Ok(())
 }
+
+/// Election timeout for the vote-hold test: members campaign 2-3 s after their start
+/// (`election_timeout_min`) and hold their votes for the leader lease, 3 s
+/// (`election_timeout_max`); long next to a member's ~0.2 s start-up, so the two are told apart.
+const HOLD_ELECTION_MS: u64 = 4_000;
+const HOLD_HEARTBEAT_MS: u64 = 200;
+const HOLD_LEASE: Duration = Duration::from_millis(HOLD_ELECTION_MS * 3 / 4);
+
+/// How often the vote-hold test asks the restarted members whether they name a leader.
+const LEADER_POLL: Duration = Duration::from_millis(20);
+
+/// Whether any of `members` names a leader now (members still starting, or with no leader,
+/// count as no).
+async fn any_names_a_leader(cluster: &Cluster, members: &[usize]) -> bool {
+    for &i in members {
+        if let Ok(mut c) = cluster.client(i).await {
+            if c.status().await.is_ok_and(|s| s.leader() != 0) {
+                return true;
+            }
+        }
+    }
+    false
+}
+
+/// A member restarted under an established leader refuses votes for one leader lease after its
+/// start (`raft::vote_hold`): the leader counts on its followers' promise not to vote for anyone
+/// else within a lease when it confirms a keep-alive by a recent acknowledgement, and openraft
+/// keeps that promise in memory only. So when every member dies and the two followers come back
+/// without the leader, they elect one of themselves only after the hold. Without it, their
+/// leases gone with their processes, they elect one after their first election timeout (2-3 s
+/// here, against a 3 s hold). (A restarted leader resumes its own term at once, with no
+/// election, so it is left down until the end.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn followers_restarted_together_elect_no_leader_within_a_leader_lease() -> Result<()> {
+    let opts = ClusterOptions::default().timing(HOLD_HEARTBEAT_MS, HOLD_ELECTION_MS);
+    let mut cluster = Cluster::start(3, opts).await?;
+    let leader = cluster.leader().await?;
+    cluster.client(leader).await?.put("before", "1", None).await?;
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+
+    info!("phase: SIGKILL every member, start the followers again, and time their election");
+    for i in 0..3 {
+        cluster.kill(i)?;
+    }
+    let spawned = Instant::now();
+    for &i in &followers {
+        cluster.spawn(i)?;
+    }
+    let elected = loop {
+        if any_names_a_leader(&cluster, &followers).await {
+            break spawned.elapsed();
+        }
+        ensure!(
+            spawned.elapsed() < CONVERGE_TIMEOUT,
+            "no leader {CONVERGE_TIMEOUT:?} after the restart"
+        );
+        tokio::time::sleep(LEADER_POLL).await;
+    };
+    info!(?elected, "a restarted follower names a leader");
+    ensure!(
+        elected >= HOLD_LEASE,
+        "the restarted followers elected a leader {elected:?} after they were started, before \
+         their vote hold of one leader lease ({HOLD_LEASE:?}) ended"
+    );
+    for &i in &followers {
+        let held = cluster.log_lines(i, &["refusing votes for one leader lease"])?;
+        ensure!(
+            held == 1,
+            "member {i} logged the vote hold {held} times, not once (at its restart)"
+        );
+    }
+
+    cluster.spawn(leader)?;
+    cluster.wait_all_ready(CONVERGE_TIMEOUT).await?;
+    let got = cluster.client(leader).await?.get("before", None).await?;
+    ensure!(
+        got.kvs().first().map(|kv| kv.value()) == Some(&b"1"[..]),
+        "lost the write before the restart"
+    );
+    cluster.finish();
+    Ok(())
+}

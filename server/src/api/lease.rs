@@ -114,10 +114,11 @@ pub(crate) async fn propose_grant(
     Err(Status::internal("picket: could not choose a free lease id"))
 }
 
-/// Answers a keep-alive on the leader: confirms leadership with a quorum first, so a deposed
-/// leader cannot extend a lease the real leader is about to expire.
+/// Answers a keep-alive on the leader: confirms leadership with a quorum first (by a recent
+/// acknowledgement, `Proposer::lease_read_index`), so a deposed leader cannot extend a lease
+/// the real leader is about to expire.
 pub async fn keep_alive_local(ctx: &Ctx, id: i64) -> Result<LeaseKeepAliveResponse, Status> {
-    ctx.proposer.local_read_index().await.map_err(ProposeError::into_status)?;
+    ctx.proposer.lease_read_index().await.map_err(ProposeError::into_status)?;
     if ctx.lease_leader.sync_role(ctx).is_none() {
         return Err(ProposeError::NotLeader(None).into_status());
     }

@@ -27,3 +27,6 @@ pub mod snapshot_pace;
 pub mod snapshot_transfer;
 pub mod transfer;
 pub mod types;
+pub mod vote_hold;
+#[cfg(test)]
+mod vote_hold_tests;

@@ -117,6 +117,9 @@ struct Inner {
     paused_until: Mutex<Option<Instant>>,
     /// Leadership confirmations on this member (used while it leads).
     local_reads: ReadIndexBatcher<LocalReads>,
+    /// Leadership confirmations for lease keep-alives on this member, by the leader's
+    /// quorum-acknowledged lease ([`Proposer::lease_read_index`]).
+    lease_reads: ReadIndexBatcher<LocalReads>,
     /// ReadIndex RPCs to the leader (used while another member leads).
     leader_reads: ReadIndexBatcher<LeaderReads>,
     /// Group commit of this member's proposals (see [`super::batcher`]).
@@ -146,6 +149,7 @@ impl Proposer {
         // randomized timeout below election_timeout_max. Past that, no leader is named.
         let contact =
             LeaderContact::new(Duration::from_millis(2 * raft.config().election_timeout_max));
+        let lease_age = keep_alive_lease_age(raft.config());
         let inner = Arc::new_cyclic(|me: &Weak<Inner>| Inner {
             contact,
             raft,
@@ -156,7 +160,8 @@ impl Proposer {
             relays: Arc::default(),
             forwarded,
             paused_until: Mutex::new(None),
-            local_reads: ReadIndexBatcher::new(LocalReads(me.clone())),
+            local_reads: ReadIndexBatcher::new(LocalReads(me.clone(), Confirm::Quorum)),
+            lease_reads: ReadIndexBatcher::new(LocalReads(me.clone(), Confirm::Lease(lease_age))),
             leader_reads: ReadIndexBatcher::new(LeaderReads(me.clone())),
             writes: ProposalBatcher::new(LocalWrites(me.clone()), batch_limits(request_timeout)),
             forwards: ProposalBatcher::new(
@@ -365,6 +370,19 @@ impl Proposer {
             return Err(ProposeError::NotLeader(None));
         }
         self.inner.local_reads.read_index().await
+    }
+
+    /// [`Self::local_read_index`] for a lease keep-alive: the same answer, but leadership is
+    /// confirmed by a quorum's acknowledgement of any message this leader sent at most
+    /// [`keep_alive_lease_age`] ago (a heartbeat or an append), and only when there is none
+    /// does the round send a heartbeat. Under writes or between heartbeats it costs no
+    /// messages. Why that is safe, and why only keep-alives use it, is
+    /// [`keep_alive_lease_age`]'s doc.
+    pub async fn lease_read_index(&self) -> Result<u64, ProposeError> {
+        if self.paused() {
+            return Err(ProposeError::NotLeader(None));
+        }
+        self.inner.lease_reads.read_index().await
     }
 
     /// Waits until a read served from the local state machine afterwards is linearizable.
@@ -578,8 +596,39 @@ fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> Propos
 }
 
 /// Read indexes from this member's own Raft core: one openraft `get_read_log_id` per round,
-/// which heartbeats every voter and answers once a quorum still accepts this leader.
-struct LocalReads(Weak<Inner>);
+/// confirmed as [`Confirm`] says.
+struct LocalReads(Weak<Inner>, Confirm);
+
+/// How a round on the leader confirms that no other member leads.
+#[derive(Clone, Copy)]
+enum Confirm {
+    /// ReadIndex: a heartbeat to every voter, sent after the round started, acknowledged by a
+    /// quorum. Depends on no clock.
+    Quorum,
+    /// A quorum acknowledged a message this leader sent less than this long before the round
+    /// asked; a heartbeat round as for `Quorum` when none did.
+    Lease(Duration),
+}
+
+/// How recent a quorum's acknowledgement must be for [`Proposer::lease_read_index`]: half the
+/// shortest election timeout.
+///
+/// A follower that acknowledges a leader's message refuses every vote and Pre-Vote for one
+/// leader lease (`election_timeout_max`) after it received it (openraft's leader lease), and a
+/// member that restarted refuses them for one leader lease after its start
+/// (`super::vote_hold`), which covers a promise made before it crashed. A restarted member's
+/// own campaign starts an election timeout (at least `election_timeout_min`) after its start.
+/// So while a quorum acknowledged, at most `election_timeout_min / 2` ago, a message this
+/// leader sent, no other member can have won an election: every quorum holds one of those
+/// followers. The margin (half of the shortest timeout, a third of the lease) absorbs clock
+/// rates differing by up to 2x between members.
+///
+/// Only keep-alives use it. A keep-alive's safety already rests on bounded clock-rate drift
+/// (the lease itself is a duration measured by the leader's clock and the holder's), so this
+/// adds no new assumption to it; reads keep ReadIndex, which rests on none.
+pub fn keep_alive_lease_age(config: &openraft::Config) -> Duration {
+    Duration::from_millis(config.election_timeout_min / 2)
+}
 
 /// Read indexes from the leader: one ReadIndex RPC per round. The leader serves it from its own
 /// batcher, in a round that starts after the RPC arrives, so the chain "caller arrived, round
@@ -622,15 +671,20 @@ async fn wait_applied_at(inner: &Inner, index: u64) -> Result<(), ProposeError> 
 impl ReadIndexSource for LocalReads {
     fn confirm(&self) -> BoxFuture<'static, Result<u64, ProposeError>> {
         let inner = self.0.upgrade();
+        let confirm = self.1;
         async move {
             let inner = inner.ok_or(ProposeError::Stopped)?;
             if inner.paused() {
                 return Err(ProposeError::NotLeader(None));
             }
-            // ReadIndex: leadership confirmed by a heartbeat round for every read index, as
-            // openraft 0.9 did; never the leader lease, which the Jepsen results do not cover.
-            let policy = openraft::ReadPolicy::ReadIndex;
-            let confirmed = tokio::time::timeout(ROUND_TIMEOUT, inner.raft.get_read_log_id(policy))
+            // ReadIndex for reads: leadership confirmed by a heartbeat round for every read
+            // index. Keep-alives accept a recent enough quorum acknowledgement and send a
+            // heartbeat only without one (`keep_alive_lease_age`).
+            let option = match confirm {
+                Confirm::Quorum => openraft::ReadPolicy::ReadIndex.into(),
+                Confirm::Lease(age) => openraft::LinearizerOption::new(Some(age), true),
+            };
+            let confirmed = tokio::time::timeout(ROUND_TIMEOUT, inner.raft.get_read_log_id(option))
                 .await
                 .map_err(|_| ProposeError::Timeout)?;
             match confirmed {

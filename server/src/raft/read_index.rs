@@ -3,9 +3,10 @@
 //!
 //! A [`ReadIndexBatcher`] runs at most one *round* at a time. A round asks its
 //! [`ReadIndexSource`] for a read index (on the leader: openraft's `get_read_log_id`, which sends
-//! one heartbeat to every voter and returns once a quorum answers; on a follower: one ReadIndex
-//! RPC to the leader, which itself lands in the leader's batcher), then waits until the local
-//! state machine has applied that index, then answers every caller the round serves.
+//! one heartbeat to every voter and returns once a quorum answers, or for keep-alives accepts a
+//! recent enough quorum acknowledgement, `proposer::keep_alive_lease_age`; on a follower: one
+//! ReadIndex RPC to the leader, which itself lands in the leader's batcher), then waits until
+//! the local state machine has applied that index, then answers every caller the round serves.
 //!
 //! # The invariant that keeps reads linearizable
 //!

@@ -2,8 +2,10 @@
 //! any client request (forwarding a proposal, asking for a read index).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use openraft::error::RaftError;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse};
@@ -21,6 +23,7 @@ use super::network::{decode, encode};
 use super::proposer::{ProposeError, Proposer};
 use super::snapshot_transfer::{Chunk, Receiver};
 use super::types::{Command, NodeId, TypeConfig, Vote};
+use super::vote_hold::VoteHold;
 use crate::storage::shared::Shared;
 
 /// The snapshot chunks' receiver and the state machine that names their temp files.
@@ -59,6 +62,8 @@ pub struct PeerService {
     /// Turns true when the member stops: replication streams end then, since a graceful server
     /// shutdown waits for every open stream and the leader would otherwise keep them open.
     stop: watch::Receiver<bool>,
+    /// Refuses votes for a while after a restart (`super::vote_hold`).
+    votes: VoteHold,
 }
 
 impl PeerService {
@@ -68,7 +73,19 @@ impl PeerService {
         leases: Arc<dyn LeaderLeases>,
         stop: watch::Receiver<bool>,
     ) -> Self {
-        Self { proposer, snapshots, leases, stop }
+        Self {
+            proposer,
+            snapshots,
+            leases,
+            stop,
+            votes: VoteHold::at_start(false, Instant::now(), Duration::ZERO),
+        }
+    }
+
+    /// Refuses vote and Pre-Vote requests as `votes` says.
+    pub fn with_vote_hold(mut self, votes: VoteHold) -> Self {
+        self.votes = votes;
+        self
     }
 }
 
@@ -138,12 +155,14 @@ impl RaftService for PeerService {
 
     #[tracing::instrument(level = "trace", skip_all)]
     async fn vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.votes.check(Instant::now())?;
         let rpc = decode(&vote_request_bytes(&req.get_ref().payload)).map_err(bad_payload)?;
         reply(&self.proposer.raft().vote(rpc).await)
     }
 
     #[tracing::instrument(level = "trace", skip_all)]
     async fn pre_vote(&self, req: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        self.votes.check(Instant::now())?;
         // Only members that know Pre-Vote send it, all in openraft 0.10's layout.
         let rpc = decode(&req.get_ref().payload).map_err(bad_payload)?;
         reply(&self.proposer.raft().pre_vote(rpc).await)

@@ -107,6 +107,11 @@ impl LogStore {
         Ok((last_entry.or(last_purged.map(|l| l.index)), vote.map(|v| v.leader_id().term)))
     }
 
+    /// The vote stored on disk, as it was when this store was opened (before openraft reads it).
+    pub fn stored_vote(&self) -> Result<Option<Vote>, StorageError> {
+        self.get_meta(KEY_VOTE, "vote")
+    }
+
     /// Observes the latency of every synced write and WAL sync in `disk`.
     pub fn with_metrics(mut self, disk: crate::metrics::disk::DiskMetrics) -> Self {
         self.flusher.set_metrics(disk.clone());
