@@ -2,7 +2,6 @@
 //! any client request (forwarding a proposal, asking for a read index).
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -73,13 +72,7 @@ impl PeerService {
         leases: Arc<dyn LeaderLeases>,
         stop: watch::Receiver<bool>,
     ) -> Self {
-        Self {
-            proposer,
-            snapshots,
-            leases,
-            stop,
-            votes: VoteHold::at_start(false, Instant::now(), Duration::ZERO),
-        }
+        Self { proposer, snapshots, leases, stop, votes: VoteHold::none() }
     }
 
     /// Refuses vote and Pre-Vote requests as `votes` says.

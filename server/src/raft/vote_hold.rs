@@ -35,6 +35,11 @@ impl VoteHold {
         Self { until: committed.then(|| started + leader_lease) }
     }
 
+    /// No hold: votes are answered at once.
+    pub fn none() -> Self {
+        Self { until: None }
+    }
+
     /// For `raft`, whose core started after `started` on a store that held `stored` as its
     /// vote. (openraft's metrics show no vote until its first flush, so the caller reads the
     /// store's own before handing it over.)
