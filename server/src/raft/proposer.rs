@@ -436,9 +436,11 @@ impl Proposer {
         self.inner.relays.calls()
     }
 
-    /// Read-index rounds started so far: on this member's own core, and by asking the leader.
+    /// Read-index rounds started so far: on this member's own core (for reads and for
+    /// keep-alives, [`Self::lease_read_index`]), and by asking the leader.
     pub fn read_index_rounds(&self) -> (u64, u64) {
-        (self.inner.local_reads.rounds(), self.inner.leader_reads.rounds())
+        let local = self.inner.local_reads.rounds() + self.inner.lease_reads.rounds();
+        (local, self.inner.leader_reads.rounds())
     }
 
     /// The current leader's relay (`super::relay`), if one is known and it is not this member.
