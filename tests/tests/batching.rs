@@ -174,6 +174,30 @@ async fn forwarded_answers(
     http.labelled(endpoint, "picket_server_forwarded_answers_total", ("by", by)).await
 }
 
+/// Puts `n` keys under `prefix` one at a time through `c`, and reads each back at once with a
+/// serializable read (no leader involved) on the same member (`what`, for messages): each must
+/// be there with its value and the revision its put returned, and revisions must increase.
+async fn puts_each_read_back_here(
+    c: &mut etcd_client::Client,
+    prefix: &str,
+    n: u64,
+    what: &str,
+) -> Result<()> {
+    let mut last = 0;
+    for i in 0..n {
+        let key = format!("{prefix}/{i:02}");
+        let put = c.put(key.clone(), format!("v{i}"), None).await?;
+        let revision = rev(put.header());
+        ensure!(revision > last, "{key}: revision {revision} after {last}");
+        last = revision;
+        let got = c.get(key.clone(), Some(GetOptions::new().with_serializable())).await?;
+        let kv = got.kvs().first().with_context(|| format!("{key} not readable on {what}"))?;
+        ensure!(kv.value() == format!("v{i}").as_bytes(), "{key}: {kv:?}");
+        ensure!(kv.mod_revision() == revision, "{key}: {kv:?}, put said revision {revision}");
+    }
+    Ok(())
+}
+
 /// `picket_server_local_answers_total{by="..."}` on the member at `endpoint`.
 async fn local_answers(http: &picket_tests::http::Http, endpoint: &str, by: &str) -> Result<u64> {
     http.labelled(endpoint, "picket_server_local_answers_total", ("by", by)).await
@@ -200,17 +224,7 @@ async fn the_leader_answers_its_own_clients_writes_from_its_apply() -> Result<()
     );
 
     info!(member = cluster.name(leader), PUTS, "puts one at a time on the leader, each read back");
-    let mut last = 0;
-    for i in 0..PUTS {
-        let key = format!("lead/{i:02}");
-        let put = c.put(key.clone(), format!("v{i}"), None).await?;
-        ensure!(rev(put.header()) > last, "{key}: revision {} after {last}", rev(put.header()));
-        last = rev(put.header());
-        let got = c.get(key.clone(), Some(GetOptions::new().with_serializable())).await?;
-        let kv = got.kvs().first().with_context(|| format!("{key} not readable on the leader"))?;
-        ensure!(kv.value() == format!("v{i}").as_bytes(), "{key}: {kv:?}");
-        ensure!(kv.mod_revision() == last, "{key}: {kv:?}, put said revision {last}");
-    }
+    puts_each_read_back_here(&mut c, "lead", PUTS, "the leader").await?;
 
     let by_apply = local_answers(&http, &endpoint, "apply").await? - apply_before;
     let by_raft = local_answers(&http, &endpoint, "raft").await? - raft_before;
@@ -240,16 +254,7 @@ async fn a_follower_answers_its_forwarded_writes_from_its_own_apply() -> Result<
     );
 
     info!(member = cluster.name(follower), PUTS, "puts one at a time, each read back there");
-    for i in 0..PUTS {
-        let key = format!("here/{i:02}");
-        let put = c.put(key.clone(), format!("v{i}"), None).await?;
-        let opts = GetOptions::new().with_serializable();
-        let got = c.get(key.clone(), Some(opts)).await?;
-        let kv =
-            got.kvs().first().with_context(|| format!("{key} not readable on the follower"))?;
-        ensure!(kv.value() == format!("v{i}").as_bytes(), "{key}: {kv:?}");
-        ensure!(kv.mod_revision() == rev(put.header()), "{key}: {kv:?}, put said {put:?}");
-    }
+    puts_each_read_back_here(&mut c, "here", PUTS, "the follower").await?;
 
     let by_apply = forwarded_answers(&http, &endpoint, "apply").await? - apply_before;
     let by_leader = forwarded_answers(&http, &endpoint, "leader").await? - leader_before;

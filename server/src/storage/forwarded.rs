@@ -21,9 +21,9 @@
 //!
 //! A tag is `(origin, ticket)`. `origin` is drawn at random when the member starts, so a tag
 //! written by another member, or by an earlier run of this one (replayed from the log after a
-//! restart), matches no waiter here; `ticket` counts this run's tagged commands. The leader's answer
-//! still comes and is still used when this member does not apply the entry itself (it installs
-//! a snapshot that covers it), so a missed hand-over only costs the old wait.
+//! restart), matches no waiter here; `ticket` counts this run's tagged commands. The leader's
+//! answer still comes and is still used when this member does not apply the entry itself (it
+//! installs a snapshot that covers it), so a missed hand-over only costs the old wait.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
