@@ -10,7 +10,8 @@ leader's first WAL write after reading the request is the log append, its next w
 follower's socket the AppendEntries, that follower's WAL write and fdatasync after reading it
 its append and sync, its next write to the leader the ack, and so on. The follower whose ack
 reached the leader first is the one that made the quorum; its steps are the ones shown. Times
-are microseconds from the client's request, medians over every put in the window.
+are microseconds from the client's request, medians over every put in the window. Two last lines
+give each member's fdatasync time and how often the leader's sync ended after a follower's.
 """
 import collections
 import re
@@ -186,6 +187,32 @@ def chain(evs, lead, target):
     return {k: v for k, v in r.items() if v is not None}
 
 
+def syncs(puts, lead):
+    """Each member's fdatasync time (its first sync that began after the put's request), and
+    how often the leader's ended after the first follower's: then the commit waited for the
+    leader's own sync, whatever the followers did (docs/benchmarks.md, session 40)."""
+    took, after, last, counted = collections.defaultdict(list), 0, 0, 0
+    for _, evs, _ in puts:
+        start, ended = {}, {}
+        for t, node, thread, what in evs:
+            if what == 'fdatasync()>' and node not in ended:
+                start.setdefault(node, t)
+            elif what == 'fdatasync()<' and node in start and node not in ended:
+                ended[node] = t
+                took[node].append(t - start[node])
+        if len(ended) < 3:
+            continue
+        counted += 1
+        first_follower = min((t, n) for n, t in ended.items() if n != lead)[1]
+        after += ended[lead] > ended[first_follower]
+        last += max(ended, key=ended.get) == lead
+    print('fdatasync, median us: %s' % ', '.join(
+        '%s%s %.0f' % (n, ' (leader)' if n == lead else '', statistics.median(v))
+        for n, v in sorted(took.items())))
+    print('of %d puts with three syncs, the leader\'s ended after the first follower\'s in %d, '
+          'last in %d' % (counted, after, last))
+
+
 def main():
     out = sys.argv[1]
     show = int(sys.argv[2]) if len(sys.argv) > 2 else 0
@@ -209,6 +236,7 @@ def main():
     for med, name in sorted((statistics.median(v), k) for k, v in steps.items()):
         print('%7.0f  (+%4.0f)  %s' % (med, med - prev, name))
         prev = med
+    syncs(puts, lead)
     by_latency = sorted(puts, key=lambda p: p[2] - p[0])
     for t0, evs, t1 in by_latency[len(by_latency) // 2:len(by_latency) // 2 + show]:
         print('--- one put, %.0f us' % (t1 - t0))
