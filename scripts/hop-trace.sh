@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -eq 3 ] || { sed -n 2,13p "$0" >&2; exit 2; }
 bin=$1; target=$2; out=$3
-bench=${BENCH_BIN:-target/release/picket-bench}
+bench=${BENCH_BIN:-${CARGO_TARGET_DIR:-target}/release/picket-bench}
 [ "$target" = leader ] || [ "$target" = follower ] || { echo "target must be leader or follower" >&2; exit 2; }
 command -v perf >/dev/null || { echo "hop-trace: perf is missing (apt-get install linux-perf)" >&2; exit 1; }
 [ -x "$bench" ] || { echo "hop-trace: $bench is missing (cargo build --release -p picket-bench)" >&2; exit 1; }

@@ -26,7 +26,7 @@ snap() { # pid tid comm cpu_ticks context_switches, one line per thread of every
   done
 }
 snap >"$root/before"
-out=$(target/release/picket-bench --endpoints "$eps" --workload "$wl" --clients "$clients" \
+out=$("${BENCH_BIN:-${CARGO_TARGET_DIR:-target}/release/picket-bench}" --endpoints "$eps" --workload "$wl" --clients "$clients" \
   --conns "$conns" --seconds "$secs" | tail -1)
 snap >"$root/after"
 echo "$out"
