@@ -59,8 +59,6 @@ use picket_proto::etcdserverpb::{
 };
 use picket_proto::picket::raft::v1::command_result::Result as CmdResult;
 use picket_proto::picket::raft::v1::raft_command::Cmd;
-use picket_proto::picket::raft::v1::RaftCommand;
-use prost::Message;
 use thiserror::Error;
 
 use crate::mvcc::{ApplyBatch, MvccError};
@@ -276,12 +274,11 @@ pub fn check_propose(alarms: &AlarmCache, cmd: &Cmd) -> Result<(), NoSpace> {
         return Ok(());
     }
     // Client writes travel wrapped as `AuthChecked` (with auth on or off, `crate::api::auth`):
-    // judge the command inside. A wrapper that does not decode is left to apply to refuse.
+    // judge the command inside. An empty wrapper is left to apply to refuse.
     let grows = match cmd {
-        Cmd::AuthChecked(c) => RaftCommand::decode(c.command.as_slice())
-            .ok()
-            .and_then(|r| r.cmd)
-            .is_some_and(|inner| grows_store(&inner)),
+        Cmd::AuthChecked(c) => {
+            c.command.as_deref().and_then(|r| r.cmd.as_ref()).is_some_and(grows_store)
+        }
         other => grows_store(other),
     };
     if grows {

@@ -147,7 +147,7 @@ pub fn command<E: Engine>(
             })
         }
         Cmd::AuthChecked(c) => match crate::auth::replicated::check_revision(batch, c) {
-            Ok(Checked::Current(inner)) => command(batch, leases, &inner, entry_term),
+            Ok(Checked::Current(inner)) => command(batch, leases, inner, entry_term),
             Ok(Checked::Stale) => Ok(Refusal::Auth(AuthError::AuthOldRevision).into_result()),
             Ok(Checked::NoUser) => Ok(Refusal::Auth(AuthError::UserEmpty).into_result()),
             Ok(Checked::Malformed(what)) => Ok(Refusal::Malformed(what).into_result()),

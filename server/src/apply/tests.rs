@@ -7,7 +7,7 @@ use picket_proto::etcdserverpb::{
     AlarmRequest, AlarmType, DeleteRangeRequest, LeaseGrantRequest, PutRequest, RangeRequest,
     RequestOp, TxnRequest,
 };
-use picket_proto::picket::raft::v1::{FencedTxn, LeaseExpire, RaftCommand};
+use picket_proto::picket::raft::v1::{AuthChecked, FencedTxn, LeaseExpire, RaftCommand};
 
 use super::*;
 use crate::mvcc::MvccStore;
@@ -140,4 +140,26 @@ fn a_batch_applies_each_command_alone_and_refuses_nesting() {
         (s.get("x"), s.get("y"), s.get("n")),
         (Some(b"1".to_vec()), Some(b"2".to_vec()), None)
     );
+}
+
+#[test]
+fn an_auth_checked_command_applies_its_command_and_refuses_nesting_or_none() {
+    use crate::auth::replicated::{checked, Judgement};
+    let mut s = State::new();
+    // A fresh store's auth is off at revision 0: a command judged there is current.
+    let judged = Judgement { revision: 0, auth_on: false };
+    assert!(matches!(s.apply(checked(judged, put("a", "1"))), CmdResult::Put(_)));
+    let nested = checked(judged, checked(judged, put("b", "1")));
+    assert!(error_message(&s.apply(nested)).contains("nested in another"));
+    let empty = |command| {
+        Cmd::AuthChecked(Box::new(AuthChecked {
+            auth_revision: 0,
+            command,
+            judged_with_auth_off: true,
+        }))
+    };
+    assert!(error_message(&s.apply(empty(None))).contains("empty auth-checked command"));
+    let no_cmd = Some(Box::new(RaftCommand { cmd: None, forwarded: None }));
+    assert!(error_message(&s.apply(empty(no_cmd))).contains("empty auth-checked command"));
+    assert_eq!((s.get("a"), s.get("b")), (Some(b"1".to_vec()), None));
 }

@@ -79,38 +79,40 @@ pub fn apply<E: Engine>(
 
 /// What opening an [`AuthChecked`] command found.
 #[derive(Debug)]
-pub enum Checked {
+pub enum Checked<'a> {
     /// The auth store is where the command was judged (or auth is now off): apply `Cmd`.
-    Current(Cmd),
+    Current(&'a Cmd),
     /// The auth store changed since: "revision of auth store is old" (the client retries, and
     /// is checked again).
     Stale,
     /// Judged while auth was off, applied after it was enabled: the request carried no user,
     /// "user name is empty", as etcd answers it.
     NoUser,
-    /// A wrapper the API layer never builds (nested, empty or undecodable), by what is wrong.
+    /// A wrapper the API layer never builds (nested or empty), by what is wrong. One whose
+    /// command does not decode fails to decode with its entry, where it is read or received.
     Malformed(&'static str),
 }
 
 /// Opens an [`AuthChecked`] command. A command judged while auth was off names that disabled
 /// store's revision; AuthEnable bumps the revision, so such a command applied after an enable
 /// is [`Checked::Stale`] (issue 19).
-pub fn check_revision<E: Engine>(
+pub fn check_revision<'a, E: Engine>(
     batch: &ApplyBatch<'_, E>,
-    checked: &AuthChecked,
-) -> Result<Checked, MvccError> {
+    checked: &'a AuthChecked,
+) -> Result<Checked<'a>, MvccError> {
     let (enabled, revision) = decode_revision(batch.get_raw(Cf::Meta, KEY_REVISION)?)?;
     if enabled && revision != checked.auth_revision {
         return Ok(if checked.judged_with_auth_off { Checked::NoUser } else { Checked::Stale });
     }
-    Ok(match RaftCommand::decode(checked.command.as_slice()) {
+    Ok(match checked.command.as_deref() {
         // Nesting is never built by the API layer; refusing it bounds apply's recursion.
-        Ok(RaftCommand { cmd: Some(Cmd::AuthChecked(_)), .. }) => {
+        Some(RaftCommand { cmd: Some(Cmd::AuthChecked(_)), .. }) => {
             Checked::Malformed("auth-checked command nested in another")
         }
-        Ok(RaftCommand { cmd: Some(c), .. }) => Checked::Current(c),
-        Ok(RaftCommand { cmd: None, .. }) => Checked::Malformed("empty auth-checked command"),
-        Err(_) => Checked::Malformed("undecodable auth-checked command"),
+        Some(RaftCommand { cmd: Some(c), .. }) => Checked::Current(c),
+        Some(RaftCommand { cmd: None, .. }) | None => {
+            Checked::Malformed("empty auth-checked command")
+        }
     })
 }
 
@@ -123,11 +125,11 @@ pub struct Judgement {
 
 /// Wraps `cmd` as judged against `judged`.
 pub fn checked(judged: Judgement, cmd: Cmd) -> Cmd {
-    Cmd::AuthChecked(AuthChecked {
+    Cmd::AuthChecked(Box::new(AuthChecked {
         auth_revision: judged.revision,
-        command: RaftCommand { cmd: Some(cmd), forwarded: None }.encode_to_vec(),
+        command: Some(Box::new(RaftCommand { cmd: Some(cmd), forwarded: None })),
         judged_with_auth_off: !judged.auth_on,
-    })
+    }))
 }
 
 /// The applied auth store, as the API layer reads it. Refreshed by the state machine after
@@ -170,3 +172,7 @@ impl AuthCache {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "replicated_tests.rs"]
+mod tests;
