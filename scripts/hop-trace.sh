@@ -18,7 +18,7 @@ bin=$1; target=$2; out=$3
 bench=${BENCH_BIN:-${CARGO_TARGET_DIR:-target}/release/picket-bench}
 [ "$target" = leader ] || [ "$target" = follower ] || { echo "target must be leader or follower" >&2; exit 2; }
 command -v perf >/dev/null || { echo "hop-trace: perf is missing (apt-get install linux-perf)" >&2; exit 1; }
-[ -x "$bench" ] || { echo "hop-trace: $bench is missing (cargo build --release -p picket-bench)" >&2; exit 1; }
+[ -x "$bench" ] || { echo "hop-trace: $bench is missing (cargo build --release --workspace)" >&2; exit 1; }
 root=$(mktemp -d /tmp/picket-hop.XXXXXX)
 pids=()
 # shellcheck source=scripts/cluster-lib.sh

@@ -3,12 +3,13 @@
 # fresh three-member cluster. Usage:
 #   scripts/per-member-cpu.sh <picketd binary | etcd> <workload> <clients> <conns> <seconds>
 # e.g. `scripts/per-member-cpu.sh target/release/picketd put 1 1 5` (run a release build first:
-# `cargo build --workspace --release`). Reads /proc/<pid>/task/*/{stat,status} before and after
-# the run. The cluster uses ports 23010-23031 (below the kernel's ephemeral range) and a temp
-# dir; both, and every process started here, are removed on exit.
+# `cargo build --workspace --release`; the bench is $CARGO_TARGET_DIR's, or BENCH_BIN). Reads
+# /proc/<pid>/task/*/{stat,status} before and after the run. The cluster uses ports 23010-23031
+# (below the kernel's ephemeral range) and a temp dir; both, and every process started here, are
+# removed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 5 ] || { sed -n 2,8p "$0" >&2; exit 2; }
+[ $# -eq 5 ] || { sed -n 2,9p "$0" >&2; exit 2; }
 bin=$1; wl=$2; clients=$3; conns=$4; secs=$5
 root=$(mktemp -d /tmp/picket-cpu.XXXXXX)
 pids=()
@@ -26,7 +27,8 @@ snap() { # pid tid comm cpu_ticks context_switches, one line per thread of every
   done
 }
 snap >"$root/before"
-out=$("${BENCH_BIN:-${CARGO_TARGET_DIR:-target}/release/picket-bench}" --endpoints "$eps" --workload "$wl" --clients "$clients" \
+bench=${BENCH_BIN:-${CARGO_TARGET_DIR:-target}/release/picket-bench}
+out=$("$bench" --endpoints "$eps" --workload "$wl" --clients "$clients" \
   --conns "$conns" --seconds "$secs" | tail -1)
 snap >"$root/after"
 echo "$out"
