@@ -12,8 +12,6 @@ use picket_proto::etcdserverpb::{
 };
 use picket_proto::mvccpb::event::EventType;
 use picket_proto::mvccpb::{Event, KeyValue};
-use picket_proto::picket::storage::v1::RevisionEvents;
-use prost::Message;
 
 use super::compact::{self, DELETES_PER_STEP};
 use super::error::MvccError;
@@ -112,8 +110,7 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
                 self.store.followers.follow(&changes);
             }
             let rev = self.revision + 1;
-            let record = RevisionEvents { events: changes.clone() };
-            layer.put(Cf::Changelog, keys::changelog_key(rev).to_vec(), record.encode_to_vec());
+            layer.put(Cf::Changelog, keys::changelog_key(rev).to_vec(), encode_changes(&changes));
             self.revision = rev;
             self.events.push((rev, changes));
             tracing::trace!(revision = rev, "request applied");
@@ -332,4 +329,16 @@ impl<'s, E: Engine> ApplyBatch<'s, E> {
         self.store.set_revisions(self.revision, self.compacted, self.physical);
         Ok(self.events)
     }
+}
+
+/// The `Cf::Changelog` record of one revision's events: the bytes of a
+/// `picket.storage.v1.RevisionEvents` holding them, encoded from the borrowed events (building
+/// the message would first clone every event, key and value included, only to encode it).
+pub(crate) fn encode_changes(events: &[Event]) -> Vec<u8> {
+    use prost::encoding::message;
+    let mut out = Vec::with_capacity(message::encoded_len_repeated(1, events));
+    for e in events {
+        message::encode(1, e, &mut out);
+    }
+    out
 }

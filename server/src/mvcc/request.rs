@@ -78,28 +78,40 @@ impl<'a> Request<'a> {
             return Err(MvccError::LeaseNotFound(req.lease));
         }
         let rev = self.write_rev();
-        let prev = read::get_at(&self.view(), &req.key, rev)?;
+        let enc = keys::encode_user_key(&req.key);
+        // The whole previous pair only when the request returns it or keeps its value;
+        // otherwise the three fields a put carries over (`read::KvMeta`).
+        let (prev, meta) = if req.prev_kv || req.ignore_value {
+            let prev = read::get_encoded_at(&self.view(), &enc, &req.key, rev, read::decode_kv)?;
+            let meta = prev.as_ref().map(read::KvMeta::of);
+            (prev, meta)
+        } else {
+            (None, read::get_encoded_at(&self.view(), &enc, &req.key, rev, read::decode_meta)?)
+        };
         let (value, lease) = if req.ignore_value || req.ignore_lease {
-            let Some(p) = prev.as_ref() else {
+            let Some(m) = meta.as_ref() else {
                 return Err(MvccError::KeyNotFound);
             };
             (
-                if req.ignore_value { p.value.clone() } else { req.value.clone() },
-                if req.ignore_lease { p.lease } else { req.lease },
+                match prev.as_ref() {
+                    Some(p) if req.ignore_value => p.value.clone(),
+                    _ => req.value.clone(),
+                },
+                if req.ignore_lease { m.lease } else { req.lease },
             )
         } else {
             (req.value.clone(), req.lease)
         };
         let kv = KeyValue {
             key: req.key.clone(),
-            create_revision: prev.as_ref().map_or(rev, |p| p.create_revision),
+            create_revision: meta.as_ref().map_or(rev, |m| m.create_revision),
             mod_revision: rev,
-            version: prev.as_ref().map_or(1, |p| p.version + 1),
+            version: meta.as_ref().map_or(1, |m| m.version + 1),
             value,
             lease,
         };
-        self.layer.put(Cf::Kv, keys::kv_key(&req.key, rev), kv.encode_to_vec());
-        let old_lease = prev.as_ref().map_or(0, |p| p.lease);
+        self.layer.put(Cf::Kv, keys::kv_key_encoded(&enc, rev), kv.encode_to_vec());
+        let old_lease = meta.as_ref().map_or(0, |m| m.lease);
         if old_lease != lease {
             if old_lease != 0 {
                 self.layer.delete(Cf::LeaseKeys, keys::lease_key(old_lease, &req.key));
@@ -109,7 +121,7 @@ impl<'a> Request<'a> {
             }
         }
         self.changes.push(Event { r#type: EventType::Put as i32, kv: Some(kv), prev_kv: None });
-        Ok(PutResponse { header: header(rev), prev_kv: if req.prev_kv { prev } else { None } })
+        Ok(PutResponse { header: header(rev), prev_kv: prev.filter(|_| req.prev_kv) })
     }
 
     /// etcd's DeleteRange: writes a tombstone for every live key in the range.

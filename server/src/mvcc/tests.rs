@@ -9,7 +9,8 @@ use picket_proto::etcdserverpb::{
     TxnRequest, TxnResponse,
 };
 use picket_proto::mvccpb::event::EventType;
-use picket_proto::mvccpb::KeyValue;
+use picket_proto::mvccpb::{Event, KeyValue};
+use prost::Message;
 
 use super::*;
 use crate::storage::engine::{Cf, MemEngine, ReadView};
@@ -465,6 +466,86 @@ fn put_options() {
     put_with(&mut s, p).unwrap();
     assert_eq!(get(&s, b"a").unwrap().lease, 0);
     assert_eq!(s.keys_of_lease(7).unwrap(), Vec::<Vec<u8>>::new());
+}
+
+#[test]
+fn a_put_carries_over_create_revision_version_and_lease_with_or_without_the_previous_pair() {
+    let mut s = store();
+    let mut p = put_req(b"a", b"v");
+    p.lease = 7;
+    let created = put_with(&mut s, p).unwrap();
+    // Neither prev_kv nor ignore_value: only the carried fields are decoded (`read::KvMeta`).
+    let mut p = put_req(b"a", b"w");
+    p.ignore_lease = true;
+    put_with(&mut s, p).unwrap();
+    let kv = get(&s, b"a").unwrap();
+    assert_eq!((kv.create_revision, kv.version, kv.lease), (created, 2, 7));
+    assert_eq!(kv.value, b"w");
+    // A plain put after it, and one returning the previous pair, count on from it.
+    put(&mut s, b"a", b"x");
+    let mut p = put_req(b"a", b"y");
+    p.prev_kv = true;
+    let mut b = s.begin_apply();
+    let resp = b.put(&p, &leases()).unwrap();
+    b.commit(false).unwrap();
+    let prev = resp.prev_kv.unwrap();
+    assert_eq!((prev.value.as_slice(), prev.version, prev.lease), (&b"x"[..], 3, 0));
+    let kv = get(&s, b"a").unwrap();
+    assert_eq!((kv.create_revision, kv.version, kv.lease), (created, 4, 0));
+    // A plain put answers without the previous pair.
+    let mut b = s.begin_apply();
+    assert_eq!(b.put(&put_req(b"a", b"z"), &leases()).unwrap().prev_kv, None);
+}
+
+#[test]
+fn kv_meta_decodes_the_carried_fields_of_a_stored_key_value() {
+    let kv = KeyValue {
+        key: b"k\x00".to_vec(),
+        create_revision: 5,
+        mod_revision: 9,
+        version: 3,
+        value: vec![0xAB; 300],
+        lease: 0x7FFF_0000_0000_0001,
+    };
+    let meta = read::decode_meta(&kv.encode_to_vec()).unwrap();
+    assert_eq!(meta, read::KvMeta::of(&kv));
+    assert_eq!((meta.create_revision, meta.version, meta.lease), (5, 3, 0x7FFF_0000_0000_0001));
+    assert!(read::decode_meta(&[0x0A, 0x05, 0x01]).is_err(), "a truncated record is refused");
+}
+
+#[test]
+fn changelog_records_are_revision_events_messages() {
+    use picket_proto::picket::storage::v1::RevisionEvents;
+    let kv = |k: &[u8], v: &[u8], rev: i64| KeyValue {
+        key: k.to_vec(),
+        create_revision: 2,
+        mod_revision: rev,
+        version: rev - 1,
+        value: v.to_vec(),
+        lease: 3,
+    };
+    let cases = vec![
+        vec![],
+        vec![Event { r#type: EventType::Put as i32, kv: Some(kv(b"a", b"1", 4)), prev_kv: None }],
+        vec![
+            Event {
+                r#type: EventType::Put as i32,
+                kv: Some(kv(b"a", &[0; 200], 5)),
+                prev_kv: None,
+            },
+            Event {
+                r#type: EventType::Delete as i32,
+                kv: Some(KeyValue { key: b"b".to_vec(), mod_revision: 5, ..Default::default() }),
+                prev_kv: Some(kv(b"b", b"old", 3)),
+            },
+            Event::default(),
+        ],
+    ];
+    for events in cases {
+        let bytes = apply::encode_changes(&events);
+        assert_eq!(bytes, RevisionEvents { events: events.clone() }.encode_to_vec());
+        assert_eq!(RevisionEvents::decode(bytes.as_slice()).unwrap().events, events);
+    }
 }
 
 #[test]
