@@ -10,7 +10,7 @@ use openraft::raft::{AppendEntriesRequest, StreamAppendResult};
 use openraft::{EntryPayload, RaftNetworkV2};
 
 use super::Plan;
-use crate::raft::append_stream_tests::{peer, Mode, Seen, SLOW};
+use crate::raft::append_stream_tests::{peer, Mode, Seen, PER_MIB, SLOW};
 use crate::raft::network::{Network, PeerClient};
 use crate::raft::types::{log_id, Entry, Member, TypeConfig, Vote};
 
@@ -251,4 +251,52 @@ async fn a_follower_without_the_stream_is_served_one_at_a_time() {
     }
     assert_eq!(p.streams.load(std::sync::atomic::Ordering::SeqCst), 0);
     assert_eq!(p.unary.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+/// Entries `first..=last` after entry `first - 1`, each a put of `value_bytes`.
+fn big(first: u64, last: u64, value_bytes: usize) -> Request {
+    use picket_proto::etcdserverpb::PutRequest;
+    use picket_proto::picket::raft::v1::raft_command::Cmd;
+    use picket_proto::picket::raft::v1::RaftCommand;
+
+    use crate::raft::types::Command;
+    let mut r = req(first, last, None);
+    for e in &mut r.entries {
+        e.payload = EntryPayload::Normal(Command::new(RaftCommand {
+            cmd: Some(Cmd::Put(PutRequest {
+                key: format!("big/{}", e.log_id.index).into_bytes(),
+                value: vec![b'v'; value_bytes],
+                ..Default::default()
+            })),
+            forwarded: None,
+        }));
+    }
+    r
+}
+
+/// A follower catching up gets up to 2 MiB per append and answers once it wrote and synced
+/// them. Where that takes longer than openraft's RPC timeout (a heartbeat), the append must
+/// still be waited for: timed out, openraft resends the same payload after each timeout and
+/// the follower never catches up. Seen failing with a deadline of one heartbeat for every
+/// request: the first append here "peer rpc timed out" and the session ended (and `catch_up.rs`
+/// failed in CI with a build running beside it, and here with three busy loops on two cores:
+/// the stopped follower's appends timed out for the whole minute). Small appends keep the
+/// heartbeat's deadline.
+#[tokio::test]
+async fn a_large_append_is_given_time_for_its_bytes() {
+    let ttl = Duration::from_millis(100);
+    let p = peer(Mode::FollowerPerMib).await;
+    let mut c = client(&p.url).await;
+    // Two appends of ~2 MiB each: 200 ms apiece at the fake's 10 MiB/s, twice the heartbeat.
+    let requests = vec![big(1, 2, 1 << 20), big(3, 4, 1 << 20)];
+    let answers =
+        tokio::time::timeout(Duration::from_secs(10), session_within(&mut c, requests, ttl))
+            .await
+            .expect("the session ends");
+    assert!(matches!(answers.as_slice(), [Ok(Ok(Some(_))), Ok(Ok(Some(_)))]), "{answers:?}");
+    let two_mib = 2 << 20;
+    assert!(PER_MIB * 2 > ttl, "the fake must be slower than the heartbeat for this test");
+    assert!(super::deadline_for(ttl, two_mib) > PER_MIB * 3, "room beyond the fake's 200 ms");
+    assert_eq!(super::deadline_for(ttl, 0), ttl, "an empty append keeps the heartbeat");
+    assert!(super::deadline_for(ttl, 400) < ttl + Duration::from_micros(100), "small appends");
 }

@@ -40,7 +40,13 @@ pub(super) enum Mode {
     FollowerWrongSeq,
     /// [`Mode::Follower`] answering the first request of each stream after `SLOW`.
     FollowerSlowFirst,
+    /// [`Mode::Follower`] taking [`PER_MIB`] to receive, write and sync each MiB of a request
+    /// before it answers (a slower link or disk, or a loaded machine), one request at a time.
+    FollowerPerMib,
 }
+
+/// How long [`Mode::FollowerPerMib`] takes per MiB of a request: 10 MiB/s.
+pub(super) const PER_MIB: Duration = Duration::from_millis(100);
 
 /// What a fake follower saw of one request: its number, how many entries, the commit index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,6 +206,10 @@ fn follower(inbound: Streaming<RaftFrame>, mode: Mode, seen: SeenLog) -> Frames 
                 }
                 match inbound.message().await {
                     Ok(Some(frame)) => {
+                        if let Mode::FollowerPerMib = mode {
+                            let mib = frame.payload.len() as f64 / f64::from(1u32 << 20);
+                            tokio::time::sleep(PER_MIB.mul_f64(mib)).await;
+                        }
                         let req: AppendEntriesRequest<TypeConfig> = decode(&frame.payload).unwrap();
                         seen.lock().push(Seen {
                             seq: frame.seq,

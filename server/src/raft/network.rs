@@ -178,7 +178,10 @@ impl PeerClient {
         Resp: DeserializeOwned,
     {
         let client = self.client.clone().ok_or_else(invalid_url)?;
-        unary(client, self.target, payload, option.hard_ttl(), method).await
+        // Given time for its bytes, as on the append stream (`append_pipeline::deadline_for`):
+        // a peer without the stream is sent its appends this way.
+        let ttl = append_pipeline::deadline_for(option.hard_ttl(), payload.payload.len());
+        unary(client, self.target, payload, ttl, method).await
     }
 }
 
