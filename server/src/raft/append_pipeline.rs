@@ -129,6 +129,11 @@ impl Plan {
 
     /// `req` went out as request number `seq`, to be answered by `deadline`.
     pub fn sent(&mut self, req: &Request, seq: u64, deadline: Instant) {
+        // Answers come in order, so a request is answered no sooner than the ones before it:
+        // its deadline is never earlier than theirs. Deadlines grow with the payload
+        // (`deadline_for`): a commit index sent past a large append would otherwise expire while
+        // the append it cannot overtake is still, in time, being written.
+        let deadline = self.unanswered.back().map_or(deadline, |s| s.deadline.max(deadline));
         self.unanswered.push_back(Sent {
             seq,
             entries: !req.entries.is_empty(),

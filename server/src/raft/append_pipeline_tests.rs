@@ -117,6 +117,26 @@ fn requests_that_do_not_continue_each_other_or_overflow_are_not_merged() {
 
 type Answer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 
+/// A commit index sent past a large append is answered after it (answers come in order), so
+/// it is given at least the append's time. Seen failing with each request's own deadline: the
+/// commit-only request's came 500 ms before the append's, and once the append was answered the
+/// session would have timed out at once unless the next answer was already there.
+#[test]
+fn a_request_behind_a_slower_one_keeps_its_deadline() {
+    use tokio::time::Instant;
+    let mut plan = Plan::default();
+    let now = Instant::now();
+    plan.take(req(1, 2, None));
+    let entries = plan.next_to_send().expect("the entries go out");
+    plan.sent(&entries, 1, now + Duration::from_millis(600));
+    plan.take(commit_only(2, 2));
+    let commit = plan.next_to_send().expect("the commit index goes out past them");
+    plan.sent(&commit, 2, now + Duration::from_millis(100));
+    assert_eq!(plan.deadline(), Some(now + Duration::from_millis(600)));
+    plan.answered().expect("the entries' answer");
+    assert_eq!(plan.deadline(), Some(now + Duration::from_millis(600)), "not 100 ms");
+}
+
 /// A replication client towards the fake follower at `url`, as openraft makes one.
 async fn client(url: &str) -> PeerClient {
     let member = Member { peer_urls: vec![url.to_string()], ..Default::default() };
