@@ -330,8 +330,7 @@ where
     /// One request as a unary call, for a peer without the stream.
     async fn unary(&mut self, payload: RaftPayload, req: &Request) -> Item {
         let client = self.client.clone();
-        let ttl = deadline_for(self.ttl, payload.payload.len());
-        let resp = network::unary(client, self.target, payload, ttl, |mut c, p| {
+        let resp = network::unary(client, self.target, payload, self.ttl, |mut c, p| {
             Box::pin(async move { c.append_entries(p).await })
         })
         .await?;

@@ -178,14 +178,13 @@ impl PeerClient {
         Resp: DeserializeOwned,
     {
         let client = self.client.clone().ok_or_else(invalid_url)?;
-        // Given time for its bytes, as on the append stream (`append_pipeline::deadline_for`):
-        // a peer without the stream is sent its appends this way.
-        let ttl = append_pipeline::deadline_for(option.hard_ttl(), payload.payload.len());
-        unary(client, self.target, payload, ttl, method).await
+        unary(client, self.target, payload, option.hard_ttl(), method).await
     }
 }
 
-/// One unary call of `method` to `target`, bounded by `ttl`, its answer decoded ([`answer`]).
+/// One unary call of `method` to `target`, bounded by `ttl` plus its payload's time
+/// (`append_pipeline::deadline_for`: a peer without the append stream is sent its appends this
+/// way, and a large one must not time out on every attempt), its answer decoded ([`answer`]).
 pub async fn unary<Resp>(
     client: RaftServiceClient<Channel>,
     target: NodeId,
@@ -196,6 +195,7 @@ pub async fn unary<Resp>(
 where
     Resp: DeserializeOwned,
 {
+    let ttl = append_pipeline::deadline_for(ttl, payload.payload.len());
     // Bounded by openraft's per-RPC deadline; on expiry openraft backs off and retries, which is
     // safe for all three RPCs (each is idempotent on the receiver).
     let resp = match tokio::time::timeout(ttl, method(client, payload)).await {
