@@ -3,7 +3,8 @@
 # default durability: fsync on commit) on this machine, runs each workload against each in
 # alternation, and prints one line per run. Usage: scripts/bench-vs-etcd.sh [seconds] [rounds]
 # Set BENCH_ONLY to a space-separated list of workload names (e.g. "put-1 put-64 get lease-hold
-# watch"; put-1 and put-64 are the 1- and 64-client puts, "put" selects both; json-put-1,
+# watch"; put-1 and put-64 are the 1- and 64-client puts, put-1-leader the one client on the
+# leader instead of a follower (see role_eps), "put" selects all three; json-put-1,
 # json-put-64 and json-get are the same over the HTTP/JSON gateway) to run only those.
 # Every round runs each workload against Picket, then etcd. At the end a summary table gives,
 # per workload, the median over the rounds of ops/s, p50 and p99 for each, the Picket/etcd ratio
@@ -57,6 +58,22 @@ trap 'exit 143' TERM
 PB=21000
 EB=22000
 eps() { echo "http://127.0.0.1:$(($1 + 10)),http://127.0.0.1:$(($1 + 20)),http://127.0.0.1:$(($1 + 30))"; }
+# The cluster's endpoints in the order the bench gets them: a follower, the leader, the other
+# follower (`leader_first` set: the leader first). The bench puts a one-connection client on the
+# first endpoint and spreads more connections in this order, so without it a row's client sat on
+# whichever member `n1` was: Picket's n1 never won the first election in session 43's trials (0
+# of 6) and etcd's did in 2 of 6, so the one-client rows compared Picket's follower path with
+# etcd's leader path a third of the time. Now both clusters' clients have the same roles.
+# Falls back to n1, n2, n3 if no member names a leader.
+role_eps() { # base_port [leader_first]
+  local status leader rest
+  status=$(ETCDCTL_API=3 etcdctl --endpoints="$(eps "$1")" endpoint status -w fields 2>/dev/null || true)
+  leader=$(awk -F' : ' '/"MemberID"/ {m = $2} /"Leader"/ {l = $2} /"Endpoint"/ {if (l == m) print $2}' \
+    <<<"$status" | tr -d '"' | head -1)
+  [ -n "$leader" ] || { eps "$1"; return; }
+  rest=$(eps "$1" | tr , '\n' | grep -vx "$leader" | paste -sd,)
+  if [ -n "${2:-}" ]; then echo "$leader,$rest"; else echo "${rest%%,*},$leader,${rest#*,}"; fi
+}
 # The running clusters: `tag` names their data dir ($root/$tag) and logs ($root/$tag-*.log);
 # picket_pids and etcd_pids are their members' PIDs, n1 to n3.
 tag=""
@@ -128,7 +145,7 @@ want() {
   [ -z "${BENCH_ONLY:-}" ] || [[ " $BENCH_ONLY " == *" $1 "* ]] \
     || { [[ "$1" == put-* ]] && [[ " $BENCH_ONLY " == *" put "* ]]; }
 }
-run() { # name workload clients conns [rss]
+run() { # name workload clients conns [rss] [leader_first]
   want "$1" || return 0
   local kind base line rss_pid rss p
   for kind in picket etcd; do
@@ -142,7 +159,7 @@ run() { # name workload clients conns [rss]
       rss_pid=$!
       pids+=("$rss_pid")
     fi
-    line=$("$bench" --endpoints "$(eps "$base")" --workload "$2" --clients "$3" --conns "$4" \
+    line=$("$bench" --endpoints "$(role_eps "$base" "${6:-}")" --workload "$2" --clients "$3" --conns "$4" \
       --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" || echo "failed (exit $?)")
     rss=""
     if [ -n "$rss_pid" ]; then
@@ -162,8 +179,11 @@ for r in $(seq "$rounds"); do
   [ -n "$same_cluster" ] || start_clusters "round$r"
   echo "# round $r $([ -n "$same_cluster" ] && echo "clusters shared by all rounds" || echo "fresh clusters"):" \
     "picket pids $(IFS=,; echo "${picket_pids[*]}") at revision $(revision $PB)," \
-    "etcd pids $(IFS=,; echo "${etcd_pids[*]}") at revision $(revision $EB)"
+    "etcd pids $(IFS=,; echo "${etcd_pids[*]}") at revision $(revision $EB);" \
+    "leaders $(role_eps $PB leader_first | cut -d, -f1), $(role_eps $EB leader_first | cut -d, -f1)"
+  # One client: on a follower (as two clients in three land), then on the leader.
   run put-1 put 1 1
+  run put-1-leader put 1 1 "" leader_first
   run put-64 put 64 8 rss
   run get get 64 8
   run get-serializable get-serializable 64 8
@@ -181,7 +201,7 @@ for r in $(seq "$rounds"); do
     base=$PB; p=("${picket_pids[@]}")
     [ "$kind" = etcd ] && { base=$EB; p=("${etcd_pids[@]}"); }
     printf '%-7s ' "$kind"
-    "$bench" --endpoints "$(eps "$base")" --workload lease-hold --leases 2000 \
+    "$bench" --endpoints "$(role_eps "$base")" --workload lease-hold --leases 2000 \
       --keepalive-interval 3 --conns 4 --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" \
       || echo "failed (exit $?)"
   done
@@ -192,7 +212,7 @@ for r in $(seq "$rounds"); do
       base=$PB
       [ "$kind" = etcd ] && base=$EB
       printf '%-7s ' "$kind"
-      "$bench" --endpoints "$(eps "$base")" --workload watch --watchers "$w" \
+      "$bench" --endpoints "$(role_eps "$base")" --workload watch --watchers "$w" \
         --put-rate 50 --conns 8 --seconds "$secs" || echo "failed (exit $?)"
     done
   done
