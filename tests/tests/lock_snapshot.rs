@@ -24,6 +24,9 @@ const STOPPED: Duration = Duration::from_millis(300);
 /// the release and the paused member can only catch up by installing a snapshot.
 const SNAPSHOT_COUNT: u64 = 50;
 const WRITES_WHILE_PAUSED: usize = 300;
+/// The value written before the release: more than the 1 MiB HTTP/2 window a paused member's
+/// peer connection can have left (see its use), within the default 1.5 MiB request limit.
+const FILLER_BYTES: usize = 1_300_000;
 /// Bound on the extra rounds of writes (50 puts each) until the leader sends the paused member
 /// a snapshot.
 const SEND_ROUNDS: usize = 40;
@@ -77,15 +80,22 @@ async fn waiter_on_a_member_that_installs_a_snapshot_is_granted() -> Result<()> 
     // waiter granted 4 ms after SIGCONT, before the member began installing (4 runs in 16);
     // with this wait, 8 runs of 8 took the install path.
     tokio::time::sleep(STOPPED).await;
-    // A SIGSTOPped member's sockets still take what the leader sends. The replication pipeline
-    // (`raft::append_pipeline`) keeps one request with entries and one with only the commit
-    // index unanswered; this write takes both places towards the paused member, so neither the
-    // release nor its commit is sent to it until its session times out, by which time the log
-    // is purged past it. Without it the release and, right behind it, its commit waited in the
-    // member's socket, and on resuming it applied the release from its log before installing
-    // (seen in CI on d3d7746: granted before "installing snapshot" was logged; 4 runs of 6
-    // failed so without this write, 6 of 6 passed with it).
-    c.put("snap-lk-filler", "before the release", None).await.context("put before the release")?;
+    // A SIGSTOPped member's sockets still take what the leader sends: the kernel buffers it,
+    // and on resuming the member reads it before any snapshot. Anything behind the release in
+    // its buffers (an AppendEntries carrying the release and a commit index past it) lets it
+    // apply the release from its log, and the test would not exercise the install. The earlier
+    // guard did not hold: a small write before the release, taking the pipeline's two places
+    // (a session that times out is opened again, and its first request carries the release:
+    // on d3d7746 it was granted before "installing snapshot" was logged; on f394965 5 runs of
+    // 11 failed so on a quiet machine, the release applied ~150 ms before the install). What
+    // holds is HTTP/2 flow control: a paused member returns no window, and a peer server
+    // grants 1 MiB per connection (hyper's default; a new connection 64 KiB before the
+    // member's settings), so one entry larger than that, written before the release, fills
+    // the window and no byte of a later entry reaches the member until it reads again. The
+    // resend after a timeout starts from the member's matched entry, that is, this one. With
+    // it, 15 runs of 15 took the install path (5 of them beside three busy loops).
+    let filler = vec![b'f'; FILLER_BYTES];
+    c.put("snap-lk-filler", filler, None).await.context("put before the release")?;
     c.unlock(held_key).await.context("unlock")?;
     for i in 0..WRITES_WHILE_PAUSED {
         c.put(format!("filler/{:03}", i % 100), format!("v{i}"), None)
