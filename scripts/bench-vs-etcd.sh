@@ -67,9 +67,11 @@ eps() { echo "http://127.0.0.1:$(($1 + 10)),http://127.0.0.1:$(($1 + 20)),http:/
 # Falls back to n1, n2, n3 if no member names a leader.
 role_eps() { # base_port [leader_first]
   local status leader rest
-  status=$(ETCDCTL_API=3 etcdctl --endpoints="$(eps "$1")" endpoint status -w fields 2>/dev/null || true)
-  leader=$(awk -F' : ' '/"MemberID"/ {m = $2} /"Leader"/ {l = $2} /"Endpoint"/ {if (l == m) print $2}' \
-    <<<"$status" | tr -d '"' | head -1)
+  # Bounded: etcdctl gives up on a member after 2 s to dial and 5 s to answer.
+  status=$(ETCDCTL_API=3 etcdctl --endpoints="$(eps "$1")" --dial-timeout=2s --command-timeout=5s \
+    endpoint status -w fields 2>/dev/null || true)
+  leader=$(awk -F' : ' '/"MemberID"/ {m = $2} /"Leader"/ {l = $2}
+    /"Endpoint"/ {if (l == m) print $2}' <<<"$status" | tr -d '"' | head -1)
   [ -n "$leader" ] || { eps "$1"; return; }
   rest=$(eps "$1" | tr , '\n' | grep -vx "$leader" | paste -sd,)
   if [ -n "${2:-}" ]; then echo "$leader,$rest"; else echo "${rest%%,*},$leader,${rest#*,}"; fi
@@ -159,8 +161,9 @@ run() { # name workload clients conns [rss] [leader_first]
       rss_pid=$!
       pids+=("$rss_pid")
     fi
-    line=$("$bench" --endpoints "$(role_eps "$base" "${6:-}")" --workload "$2" --clients "$3" --conns "$4" \
-      --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" || echo "failed (exit $?)")
+    line=$("$bench" --endpoints "$(role_eps "$base" "${6:-}")" --workload "$2" --clients "$3" \
+      --conns "$4" --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" \
+      || echo "failed (exit $?)")
     rss=""
     if [ -n "$rss_pid" ]; then
       kill "$rss_pid" 2>/dev/null || true
