@@ -68,29 +68,6 @@ const MAX_HELD: usize = 2;
 /// one.
 const MAX_MERGED_ENTRIES: usize = 300;
 
-/// The slowest transfer an append's deadline allows for its payload, in bytes per second, on top
-/// of openraft's RPC timeout (see [`deadline_for`]): 4 MiB/s, a 32 Mbit/s link, or a debug build
-/// on a machine with more runnable threads than cores.
-const MIN_APPEND_BYTES_PER_SEC: f64 = (4 << 20) as f64;
-
-/// How long an append of `payload_bytes` may take to be answered: openraft's RPC timeout `ttl`
-/// (its heartbeat interval, 100 ms by default) plus the payload's time at
-/// [`MIN_APPEND_BYTES_PER_SEC`].
-///
-/// A follower catching up is sent up to `log_store::MAX_APPEND_BYTES` (2 MiB) per request, or
-/// one larger entry alone, and answers after writing and syncing it. Where that takes longer
-/// than a heartbeat (a slower link, a loaded machine) a deadline of one heartbeat timed out
-/// every attempt, and openraft resent the same payload after each timeout, so the follower
-/// never caught up: seen in CI, `catch_up.rs` with a build running beside it, every append to
-/// the stopped follower "peer rpc timed out" for the whole minute. The allowance grows with
-/// the bytes only, so a small append (a heartbeat, a commit index, a lone write) keeps the
-/// short deadline, and a follower that is gone is still noticed within 0.6 s of a 2 MiB
-/// append. A slow answer is safe to wait for: nothing about commits waits on this follower while
-/// a quorum answers, and openraft treats a late answer like any other.
-pub(crate) fn deadline_for(ttl: Duration, payload_bytes: usize) -> Duration {
-    ttl + Duration::from_secs_f64(payload_bytes as f64 / MIN_APPEND_BYTES_PER_SEC)
-}
-
 /// What to send next, and when: the pipeline's rules, without the I/O.
 #[derive(Default)]
 pub struct Plan {
@@ -131,8 +108,8 @@ impl Plan {
     pub fn sent(&mut self, req: &Request, seq: u64, deadline: Instant) {
         // Answers come in order, so a request is answered no sooner than the ones before it:
         // its deadline is never earlier than theirs. Deadlines grow with the payload
-        // (`deadline_for`): a commit index sent past a large append would otherwise expire while
-        // the append it cannot overtake is still, in time, being written.
+        // (`network::deadline_for`): a commit index sent past a large append would otherwise
+        // expire while the append it cannot overtake is still, in time, being written.
         let deadline = self.unanswered.back().map_or(deadline, |s| s.deadline.max(deadline));
         self.unanswered.push_back(Sent {
             seq,
@@ -294,7 +271,7 @@ where
             None => {
                 debug_assert!(self.plan.deadline().is_none(), "requests unanswered on no stream");
                 let bytes = payload.payload.clone();
-                let ttl = deadline_for(self.ttl, bytes.len());
+                let ttl = network::deadline_for(self.ttl, bytes.len());
                 match tokio::time::timeout(ttl, append_stream::open(&self.client, bytes)).await {
                     Err(_) => return Err(Err(timed_out())),
                     Ok(Ok(open)) => {
@@ -318,7 +295,7 @@ where
         let seq = open.seq;
         // Never full: at most `MAX_UNANSWERED` requests are queued or on their way, fewer than
         // the queue holds (`append_stream::QUEUED`). Full or closed, the stream is unusable.
-        let ttl = deadline_for(self.ttl, payload.payload.len());
+        let ttl = network::deadline_for(self.ttl, payload.payload.len());
         if open.tx.try_send(RaftFrame { seq, payload: payload.payload }).is_err() {
             self.open = None;
             return Err(Err(unreachable(&Status::unavailable("picket: append stream closed"))));

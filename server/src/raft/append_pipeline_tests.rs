@@ -11,7 +11,7 @@ use openraft::{EntryPayload, RaftNetworkV2};
 
 use super::Plan;
 use crate::raft::append_stream_tests::{peer, Mode, Seen, PER_MIB, SLOW};
-use crate::raft::network::{Network, PeerClient};
+use crate::raft::network::{deadline_for, Network, PeerClient};
 use crate::raft::types::{log_id, Entry, Member, TypeConfig, Vote};
 
 type Request = AppendEntriesRequest<TypeConfig>;
@@ -316,7 +316,7 @@ async fn a_large_append_is_given_time_for_its_bytes() {
     assert!(matches!(answers.as_slice(), [Ok(Ok(Some(_))), Ok(Ok(Some(_)))]), "{answers:?}");
     let two_mib = 2 << 20;
     assert!(PER_MIB * 2 > ttl, "the fake must be slower than the heartbeat for this test");
-    assert!(super::deadline_for(ttl, two_mib) > PER_MIB * 3, "room beyond the fake's 200 ms");
-    assert_eq!(super::deadline_for(ttl, 0), ttl, "an empty append keeps the heartbeat");
-    assert!(super::deadline_for(ttl, 400) < ttl + Duration::from_micros(100), "small appends");
+    assert!(deadline_for(ttl, two_mib) > PER_MIB * 3, "room beyond the fake's 200 ms");
+    assert_eq!(deadline_for(ttl, 0), ttl, "an empty append keeps the heartbeat");
+    assert!(deadline_for(ttl, 400) < ttl + Duration::from_micros(100), "small appends");
 }

@@ -182,8 +182,31 @@ impl PeerClient {
     }
 }
 
+/// The slowest transfer an append's deadline allows for its payload, in bytes per second, on top
+/// of openraft's RPC timeout (see [`deadline_for`]): 4 MiB/s, a 32 Mbit/s link, or a debug build
+/// on a machine with more runnable threads than cores.
+const MIN_APPEND_BYTES_PER_SEC: f64 = (4 << 20) as f64;
+
+/// How long an append of `payload_bytes` may take to be answered: openraft's RPC timeout `ttl`
+/// (its heartbeat interval, 100 ms by default) plus the payload's time at
+/// [`MIN_APPEND_BYTES_PER_SEC`].
+///
+/// A follower catching up is sent up to `log_store::MAX_APPEND_BYTES` (2 MiB) per request, or
+/// one larger entry alone, and answers after writing and syncing it. Where that takes longer
+/// than a heartbeat (a slower link, a loaded machine) a deadline of one heartbeat timed out
+/// every attempt, and openraft resent the same payload after each timeout, so the follower
+/// never caught up: seen in CI, `catch_up.rs` with a build running beside it, every append to
+/// the stopped follower "peer rpc timed out" for the whole minute. The allowance grows with
+/// the bytes only, so a small append (a heartbeat, a commit index, a lone write) keeps the
+/// short deadline, and a follower that is gone is still noticed within 0.6 s of a 2 MiB
+/// append. A slow answer is safe to wait for: nothing about commits waits on this follower while
+/// a quorum answers, and openraft treats a late answer like any other.
+pub fn deadline_for(ttl: Duration, payload_bytes: usize) -> Duration {
+    ttl + Duration::from_secs_f64(payload_bytes as f64 / MIN_APPEND_BYTES_PER_SEC)
+}
+
 /// One unary call of `method` to `target`, bounded by `ttl` plus its payload's time
-/// (`append_pipeline::deadline_for`: a peer without the append stream is sent its appends this
+/// ([`deadline_for`]: a peer without the append stream is sent its appends this
 /// way, and a large one must not time out on every attempt), its answer decoded ([`answer`]).
 pub async fn unary<Resp>(
     client: RaftServiceClient<Channel>,
@@ -195,7 +218,7 @@ pub async fn unary<Resp>(
 where
     Resp: DeserializeOwned,
 {
-    let ttl = append_pipeline::deadline_for(ttl, payload.payload.len());
+    let ttl = deadline_for(ttl, payload.payload.len());
     // Bounded by openraft's per-RPC deadline; on expiry openraft backs off and retries, which is
     // safe for all three RPCs (each is idempotent on the receiver).
     let resp = match tokio::time::timeout(ttl, method(client, payload)).await {
