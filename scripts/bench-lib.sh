@@ -40,6 +40,16 @@ bench_prelude() { # temp-dir-name
   bin="${CARGO_TARGET_DIR:-target}/release"
   picketd="${PICKETD_BIN:-$bin/picketd}"
   bench="${BENCH_BIN:-$bin/picket-bench}"
+  # Checked before any cluster starts: a missing binary (BENCH_NO_BUILD=1 with the build in
+  # another CARGO_TARGET_DIR) otherwise failed every row, one by one, after each cluster's start.
+  local b
+  for b in "$picketd" "$bench"; do
+    [ -x "$b" ] || {
+      echo "$0: no executable $b: build it (cargo build --workspace --release) or name it" \
+        "(PICKETD_BIN / BENCH_BIN, or CARGO_TARGET_DIR for the build's target dir)" >&2
+      exit 1
+    }
+  done
   root=$(mktemp -d "/tmp/$1.XXXXXX")
   pids=()
   results="$root/results.tsv"
