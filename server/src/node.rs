@@ -234,7 +234,9 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     shared.set_disk_metrics(metrics.disk());
     let raft_config = bootstrap::raft_config(&cfg)?;
     let sending = crate::raft::snapshot_pace::Sending::default();
-    let network = Network::new(dialer.clone(), sending.clone());
+    // The write batcher's entries in flight, which its replication sessions read.
+    let entries = crate::raft::batcher::EntriesInFlight::default();
+    let network = Network::new(dialer.clone(), sending.clone(), entries.clone());
     // Before the Raft core exists: a vote it may have promised before a crash was promised
     // before this instant (`raft::vote_hold`).
     let stored_vote = log_store.stored_vote()?;
@@ -248,6 +250,7 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
         cfg.request_timeout(),
         dialer.clone(),
         shared.forwarded().clone(),
+        entries,
     );
     let ctx = Arc::new(Ctx {
         cluster_id,

@@ -40,9 +40,15 @@ fn shape(r: &Request) -> (Option<u64>, usize, Option<u64>) {
     (r.entries.first().map(|e| e.log_id.index), r.entries.len(), r.leader_commit.map(|c| c.index))
 }
 
-/// The plan's next request, recorded as sent the way the session records it.
+/// The plan's next request, recorded as sent the way the session records it, with one entry
+/// in flight on the leader.
 fn send(plan: &mut Plan) -> Option<Request> {
-    let r = plan.next_to_send()?;
+    send_with(plan, false)
+}
+
+/// [`send`], with `overlap`: whether the leader has more than one entry in flight.
+fn send_with(plan: &mut Plan, overlap: bool) -> Option<Request> {
+    let r = plan.next_to_send(overlap)?;
     plan.sent(&r, 0, tokio::time::Instant::now());
     Some(r)
 }
@@ -55,10 +61,10 @@ fn the_commit_index_goes_out_past_unanswered_entries_and_entries_wait() {
     tracing::info!("the commit of entry 1 leaves while entry 1 is unanswered");
     plan.take(commit_only(1, 1));
     assert_eq!(send(&mut plan).map(|r| shape(&r)), Some((None, 0, Some(1))));
-    assert!(!plan.may_take(), "two unanswered: one of each kind");
+    assert!(!plan.may_take(false), "two unanswered: one of each kind");
     tracing::info!("entry 2 waits for entry 1's answer");
     plan.answered();
-    assert!(plan.may_take());
+    assert!(plan.may_take(false));
     plan.take(req(2, 2, Some(1)));
     plan.answered();
     assert_eq!(send(&mut plan).map(|r| shape(&r)), Some((Some(2), 1, Some(1))));
@@ -99,7 +105,7 @@ fn requests_that_do_not_continue_each_other_or_overflow_are_not_merged() {
     assert!(send(&mut plan).is_some());
     plan.take(req(2, 301, None));
     plan.take(req(302, 302, None));
-    assert!(!plan.may_take(), "two held requests: nothing more is taken");
+    assert!(!plan.may_take(false), "two held requests: nothing more is taken");
     plan.answered();
     assert_eq!(send(&mut plan).map(|r| shape(&r)), Some((Some(2), 300, None)));
     plan.answered();
@@ -115,6 +121,36 @@ fn requests_that_do_not_continue_each_other_or_overflow_are_not_merged() {
     assert_eq!(send(&mut plan).map(|r| shape(&r)), Some((Some(310), 1, None)));
 }
 
+/// While the leader has a second entry in flight (its batcher's light rule), the second
+/// entry's request goes out before the first is answered, never a third; the commit index still
+/// goes one request at a time. With one entry in flight the rules are as before.
+#[test]
+fn a_second_entry_in_flight_goes_out_before_the_first_is_answered() {
+    let mut plan = Plan::default();
+    plan.take(req(1, 1, None));
+    assert!(send_with(&mut plan, true).is_some());
+    plan.take(req(2, 2, None));
+    assert!(send_with(&mut plan, false).is_none(), "one entry in flight: entry 2 waits");
+    let second = send_with(&mut plan, true).expect("two entries in flight: entry 2 goes");
+    assert_eq!(shape(&second), (Some(2), 1, None));
+    assert_eq!(second.prev_log_id, Some(log_id(1, 1, 1)));
+    tracing::info!("a third entries request waits, and a commit index still goes past them");
+    plan.take(req(3, 3, None));
+    assert!(send_with(&mut plan, true).is_none(), "at most two entries requests unanswered");
+    assert!(!plan.may_take(false), "one entry in flight: two unanswered is the most");
+    plan.answered();
+    let third = send_with(&mut plan, true).expect("entry 1 answered: entry 3 goes");
+    assert_eq!(shape(&third), (Some(3), 1, None));
+    plan.take(commit_only(3, 2));
+    assert_eq!(send_with(&mut plan, true).map(|r| shape(&r)), Some((None, 0, Some(2))));
+    plan.take(commit_only(3, 3));
+    assert!(send_with(&mut plan, true).is_none(), "one commit-only request at a time");
+    plan.answered();
+    plan.answered();
+    plan.answered();
+    assert_eq!(send_with(&mut plan, true).map(|r| shape(&r)), Some((None, 0, Some(3))));
+}
+
 type Answer = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 
 /// A commit index sent past a large append is answered after it (answers come in order), so
@@ -127,10 +163,10 @@ fn a_request_behind_a_slower_one_keeps_its_deadline() {
     let mut plan = Plan::default();
     let now = Instant::now();
     plan.take(req(1, 2, None));
-    let entries = plan.next_to_send().expect("the entries go out");
+    let entries = plan.next_to_send(false).expect("the entries go out");
     plan.sent(&entries, 1, now + Duration::from_millis(600));
     plan.take(commit_only(2, 2));
-    let commit = plan.next_to_send().expect("the commit index goes out past them");
+    let commit = plan.next_to_send(false).expect("the commit index goes out past them");
     plan.sent(&commit, 2, now + Duration::from_millis(100));
     assert_eq!(plan.deadline(), Some(now + Duration::from_millis(600)));
     plan.answered().expect("the entries' answer");

@@ -27,6 +27,7 @@
 //! proposing is one of the outcomes it allowed.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -202,6 +203,23 @@ struct Shared<S> {
     sink: S,
     limits: Limits,
     state: Mutex<State>,
+    gauge: EntriesInFlight,
+}
+
+/// How many entries a batcher has in flight, readable without its lock; cheap to clone. The
+/// leader's write batcher shares it with its replication sessions (`append_pipeline`): a second
+/// entry in flight is one the light rule ([`LIGHT_COMMANDS`]) started so that a lone client's
+/// next call need not wait a whole commit, and the pipeline sends it at once rather than hold
+/// it behind the first one's answer.
+#[derive(Clone, Debug, Default)]
+pub struct EntriesInFlight(Arc<AtomicUsize>);
+
+impl EntriesInFlight {
+    pub fn get(&self) -> usize {
+        // Relaxed: a hint for when to send, never for what; a stale value only sends a request
+        // one answer earlier or later.
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// Groups concurrent proposals into entries; cheap to clone (one shared queue).
@@ -217,6 +235,11 @@ impl<S> Clone for ProposalBatcher<S> {
 
 impl<S: BatchSink> ProposalBatcher<S> {
     pub fn new(sink: S, limits: Limits) -> Self {
+        Self::with_gauge(sink, limits, EntriesInFlight::default())
+    }
+
+    /// A batcher that counts its entries in flight in `gauge` (see [`EntriesInFlight`]).
+    pub fn with_gauge(sink: S, limits: Limits, gauge: EntriesInFlight) -> Self {
         // Zero would never propose anything; treat it as one.
         let limits = Limits {
             max_commands: limits.max_commands.max(1),
@@ -225,7 +248,8 @@ impl<S: BatchSink> ProposalBatcher<S> {
             light_commands: limits.light_commands,
             entry_timeout: limits.entry_timeout,
         };
-        Self { shared: Arc::new(Shared { sink, limits, state: Mutex::new(State::default()) }) }
+        let state = Mutex::new(State::default());
+        Self { shared: Arc::new(Shared { sink, limits, state, gauge }) }
     }
 
     /// Queues `cmd` for the next entry and resolves with its own result.
@@ -273,6 +297,7 @@ fn pump<S: BatchSink>(shared: &Arc<Shared<S>>) {
                 break;
             }
             s.in_flight += 1;
+            shared.gauge.0.fetch_add(1, Ordering::Relaxed);
             s.in_flight_commands += batch.len();
             s.entries += 1;
             let now = Instant::now();
@@ -298,6 +323,7 @@ impl<S> Drop for InFlight<S> {
     fn drop(&mut self) {
         let mut s = self.0.state.lock();
         s.in_flight -= 1;
+        self.0.gauge.0.fetch_sub(1, Ordering::Relaxed);
         s.in_flight_commands -= self.2;
         if let Some(i) = s.started.iter().position(|t| *t == self.1) {
             s.started.remove(i);

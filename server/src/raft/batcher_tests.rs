@@ -280,6 +280,32 @@ async fn a_lone_command_in_flight_lets_one_more_entry_start() {
     }
 }
 
+/// The gauge the append pipeline reads (`append_pipeline`) counts the entries in flight: two
+/// while the light rule lets a second entry start, one while a full entry is in flight alone,
+/// none once every entry has ended.
+#[tokio::test]
+async fn the_gauge_counts_the_entries_in_flight() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let fake = Fake { gate: Some(gate.clone()), ..Fake::default() };
+    let entries = fake.entries.clone();
+    let gauge = EntriesInFlight::default();
+    let light = Limits { light_commands: 1, ..limits(256, 1 << 20, 1) };
+    let b = ProposalBatcher::with_gauge(fake, light, gauge.clone());
+    assert_eq!(gauge.get(), 0);
+    let all = {
+        let b = b.clone();
+        tokio::spawn(async move { propose_all(&b, &names("a", 10)).await })
+    };
+    until(|| entries.lock().len() == 2).await;
+    assert_eq!(gauge.get(), 2, "the lone entry and the one the light rule started");
+    gate.add_permits(2);
+    // The eight queued commands go in one entry; once the two lone ones end it is alone.
+    until(|| entries.lock().len() == 3 && gauge.get() == 1).await;
+    gate.add_permits(100);
+    assert_eq!(all.await.expect("task").len(), 10);
+    until(|| gauge.get() == 0).await;
+}
+
 /// Waits (at most 5 s: the fake's entries take milliseconds) until `done` holds.
 async fn until(done: impl Fn() -> bool) {
     tokio::time::timeout(Duration::from_secs(5), async {

@@ -27,6 +27,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::append_pipeline;
 use super::append_stream::AppendStream;
+use super::batcher::EntriesInFlight;
 use super::snapshot_pace::Sending;
 use super::types::{Member, NodeId, Snapshot, SnapshotData, TypeConfig, Vote};
 use crate::tls::PeerDialer;
@@ -88,12 +89,15 @@ pub struct Network {
     dialer: PeerDialer,
     /// Snapshot sends in flight, which hold snapshot builds back (`snapshot_pace`).
     sending: Sending,
+    /// The member's write batcher's entries in flight, read by the append pipeline.
+    entries: EntriesInFlight,
 }
 
 impl Network {
-    /// A network that dials peers with `dialer` and counts its snapshot sends in `sending`.
-    pub fn new(dialer: PeerDialer, sending: Sending) -> Self {
-        Network { channels: HashMap::new(), dialer, sending }
+    /// A network that dials peers with `dialer`, counts its snapshot sends in `sending`, and
+    /// paces its appends by the write batcher's `entries` in flight (`append_pipeline`).
+    pub fn new(dialer: PeerDialer, sending: Sending, entries: EntriesInFlight) -> Self {
+        Network { channels: HashMap::new(), dialer, sending, entries }
     }
 
     fn channel(&mut self, target: NodeId, url: &str) -> Option<Channel> {
@@ -129,6 +133,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             client,
             appends: AppendStream::default(),
             sending: self.sending.clone(),
+            entries: self.entries.clone(),
         }
     }
 }
@@ -140,6 +145,7 @@ pub struct PeerClient {
     /// The append stream kept between replication sessions (`append_stream`).
     appends: AppendStream,
     sending: Sending,
+    entries: EntriesInFlight,
 }
 
 type RpcResult<T> = Result<T, RPCError<TypeConfig>>;
@@ -297,7 +303,9 @@ impl RaftNetworkV2<TypeConfig> for PeerClient {
         Box::pin(async move {
             let client = self.client.clone().ok_or_else(invalid_url)?;
             let ttl = option.hard_ttl();
-            Ok(append_pipeline::session(client, self.target, &mut self.appends, input, ttl))
+            let entries = self.entries.clone();
+            let appends = &mut self.appends;
+            Ok(append_pipeline::session(client, self.target, appends, input, ttl, entries))
         })
     }
 

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::batcher::{Applied, EntrySink, Limits, ProposalBatcher};
+use super::batcher::{Applied, EntriesInFlight, EntrySink, Limits, ProposalBatcher};
 use super::forward::{Forwarder, LeaderLink};
 use super::leader_contact::LeaderContact;
 use super::network::{peer_channel, peer_client};
@@ -140,6 +140,7 @@ impl Proposer {
         request_timeout: Duration,
         dialer: PeerDialer,
         forwarded: Arc<ForwardedResults>,
+        entries: EntriesInFlight,
     ) -> Self {
         // The batchers' sources need the proposer (pause flag, peer clients) and live inside it,
         // so they hold a weak reference: no cycle, and a source outliving the proposer (a round
@@ -163,7 +164,12 @@ impl Proposer {
             local_reads: ReadIndexBatcher::new(LocalReads(me.clone(), Confirm::Quorum)),
             lease_reads: ReadIndexBatcher::new(LocalReads(me.clone(), Confirm::Lease(lease_age))),
             leader_reads: ReadIndexBatcher::new(LeaderReads(me.clone())),
-            writes: ProposalBatcher::new(LocalWrites(me.clone()), batch_limits(request_timeout)),
+            // Its entries in flight pace the append pipeline (`append_pipeline`).
+            writes: ProposalBatcher::with_gauge(
+                LocalWrites(me.clone()),
+                batch_limits(request_timeout),
+                entries,
+            ),
             forwards: ProposalBatcher::new(
                 Forwarder::new(me.clone()),
                 forward_limits(request_timeout),
