@@ -30,6 +30,9 @@ use tonic::{Status, Streaming};
 /// waits (each queued request is unanswered: its answer can only come after it left the queue).
 const QUEUED: usize = 4;
 
+// The margin above, checked where it is relied on: session 44 raised `MAX_UNANSWERED` to 3.
+const _: () = assert!(QUEUED > super::append_pipeline::MAX_UNANSWERED);
+
 /// One client's stream to its follower, kept between sessions.
 #[derive(Debug, Default)]
 pub struct AppendStream {
