@@ -47,6 +47,13 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// SIGKILLed and `stop` reports an error, because a member that ignores SIGTERM is a bug.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Time allowed for SIGSTOP to take effect before a write the member must not see
+/// ([`Cluster::pause_behind_a_full_window`]).
+const STOPPED: Duration = Duration::from_millis(300);
+/// More than the 1 MiB HTTP/2 window a paused member's peer connection can have left, within
+/// the default 1.5 MiB request limit.
+const WINDOW_FILLER_BYTES: usize = 1_300_000;
+
 /// Lines of each member's stderr shown when a test fails.
 const LOG_TAIL_LINES: usize = 60;
 
@@ -546,6 +553,38 @@ impl Cluster {
         let m = &mut self.members[i];
         info!(member = %m.name, pid = m.proc.pid()?, "SIGSTOP");
         Ok(m.proc.pause()?)
+    }
+
+    /// SIGSTOPs member `i` and then, through `leader` (a client of the leader), writes one entry
+    /// larger than the HTTP/2 window the member's peer connection can have left, so that no byte
+    /// of any entry written after this returns reaches the member before it resumes. For tests
+    /// that need a resumed member to catch up by installing a snapshot, not from its buffers.
+    ///
+    /// A SIGSTOPped member's sockets still take what the leader sends: the kernel buffers it, and
+    /// on resuming the member reads it before any snapshot. The leader's append pipeline keeps
+    /// several requests in flight and opens a session again after a timeout, each carrying every
+    /// entry since the member's matched one; with small writes those reach the buffers up to and
+    /// past the index of the snapshot the leader later sends, the member then appends them and
+    /// commits past the snapshot, and openraft skips the install as stale (seen in
+    /// `catch_up_snapshot` in CI on f871de6: "sent 1 snapshots, installed 0", the member built
+    /// its own snapshot at the sent one's index from its log). What holds is flow control: a
+    /// paused member returns no window, and a peer server grants 1 MiB per connection (hyper's
+    /// default; a new connection 64 KiB before the member's settings), so one entry larger than
+    /// that fills it. A resend after a timeout starts from the member's matched entry, at or
+    /// before this one, so it waits behind it too.
+    pub async fn pause_behind_a_full_window(
+        &mut self,
+        i: usize,
+        leader: &mut Client,
+    ) -> Result<()> {
+        self.pause(i)?;
+        // An entry proposed while the member still runs may be appended by it, and would
+        // return the window: wait until SIGSTOP has surely taken effect (measured in
+        // `lock_snapshot`: without the wait, 4 runs in 16 applied from the log).
+        tokio::time::sleep(STOPPED).await;
+        let filler = vec![b'f'; WINDOW_FILLER_BYTES];
+        leader.put("picket-tests/window-filler", filler, None).await.context("the filler put")?;
+        Ok(())
     }
 
     /// SIGCONTs a paused member.

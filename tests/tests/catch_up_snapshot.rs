@@ -13,8 +13,8 @@
 //! that timed out meanwhile each reset a stream, and past h2's default of 20 such streams the
 //! resumed member closed the connection, and the transfer on it failed.
 //!
-//! Here the transfer is held open by SIGSTOPping the follower (its first chunk waits for an
-//! answer) while the leader writes through several snapshot intervals. The election timeout is
+//! Here the transfer is held open by SIGSTOPping the follower (its first chunk waits for the
+//! window and an answer) while the leader writes through several snapshot intervals. The election timeout is
 //! longer than the pause: a member resumed after one campaigns at once, and its higher term
 //! in the answer to the chunk deposes the leader (the transfer is then refused, and the new
 //! term's leader sends a snapshot of its own), which is another story than this test's.
@@ -53,7 +53,10 @@ async fn a_follower_installs_one_snapshot_while_writes_go_on() -> Result<()> {
     c.put("catch-up/start", "1", None).await?;
 
     info!(member = cluster.name(lagger), "SIGSTOP a follower; write until it is sent a snapshot");
-    cluster.pause(lagger)?;
+    // Without the full window, the pipeline's requests in the member's buffers can carry
+    // entries past the snapshot the leader then sends: the member appends them on resuming and
+    // skips the install as stale (`Cluster::pause_behind_a_full_window`).
+    cluster.pause_behind_a_full_window(lagger, &mut c).await?;
     // The leader starts the transfer once it has purged its log past the paused member, a few
     // snapshot intervals in; the first chunk then waits for the member's answer.
     for round in 0..SEND_ROUNDS {

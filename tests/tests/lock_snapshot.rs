@@ -18,15 +18,10 @@ use tracing::info;
 /// Liveness bound for the hand-off after the member resumes (the test fails instead of hanging).
 const PROMPT: Duration = Duration::from_secs(15);
 
-/// Time allowed for SIGSTOP to take effect before the release (see its use).
-const STOPPED: Duration = Duration::from_millis(300);
 /// Entries between snapshots: the writes below pass several, so the leader purges its log past
 /// the release and the paused member can only catch up by installing a snapshot.
 const SNAPSHOT_COUNT: u64 = 50;
 const WRITES_WHILE_PAUSED: usize = 300;
-/// The value written before the release: more than the 1 MiB HTTP/2 window a paused member's
-/// peer connection can have left (see its use), within the default 1.5 MiB request limit.
-const FILLER_BYTES: usize = 1_300_000;
 /// Bound on the extra rounds of writes (50 puts each) until the leader sends the paused member
 /// a snapshot.
 const SEND_ROUNDS: usize = 40;
@@ -73,29 +68,13 @@ async fn waiter_on_a_member_that_installs_a_snapshot_is_granted() -> Result<()> 
     assert!(!waiting.is_finished(), "the waiter must be queued behind the holder");
 
     info!(member = cluster.name(lagger), "SIGSTOP the waiter's member; release and write on");
-    cluster.pause(lagger)?;
-    // The release must be proposed after the member has stopped, or it may still append it
-    // and apply it from its log on resuming, and the test would not exercise the install.
-    // Seen once the transfer was held open across the pause (`raft::snapshot_pace`): the
-    // waiter granted 4 ms after SIGCONT, before the member began installing (4 runs in 16);
-    // with this wait, 8 runs of 8 took the install path.
-    tokio::time::sleep(STOPPED).await;
-    // A SIGSTOPped member's sockets still take what the leader sends: the kernel buffers it,
-    // and on resuming the member reads it before any snapshot. Anything behind the release in
-    // its buffers (an AppendEntries carrying the release and a commit index past it) lets it
-    // apply the release from its log, and the test would not exercise the install. The earlier
-    // guard did not hold: a small write before the release, taking the pipeline's two places
-    // (a session that times out is opened again, and its first request carries the release:
-    // on d3d7746 it was granted before "installing snapshot" was logged; on f394965 5 runs of
-    // 11 failed so on a quiet machine, the release applied ~150 ms before the install). What
-    // holds is HTTP/2 flow control: a paused member returns no window, and a peer server
-    // grants 1 MiB per connection (hyper's default; a new connection 64 KiB before the
-    // member's settings), so one entry larger than that, written before the release, fills
-    // the window and no byte of a later entry reaches the member until it reads again. The
-    // resend after a timeout starts from the member's matched entry, that is, this one. With
-    // it, 15 runs of 15 took the install path (5 of them beside three busy loops).
-    let filler = vec![b'f'; FILLER_BYTES];
-    c.put("snap-lk-filler", filler, None).await.context("put before the release")?;
+    // The release must not reach the member before it resumes, or it applies the release from
+    // its log and the test would not exercise the install. Before this guard the waiter was
+    // granted before "installing snapshot" was logged: 4 runs in 16 when the release followed
+    // SIGSTOP at once, and after a small write before the release (a session that times out is
+    // opened again, and its first request carries the release) 5 runs of 11 on f394965. With
+    // the full window, 15 runs of 15 took the install path (5 of them beside three busy loops).
+    cluster.pause_behind_a_full_window(lagger, &mut c).await?;
     c.unlock(held_key).await.context("unlock")?;
     for i in 0..WRITES_WHILE_PAUSED {
         c.put(format!("filler/{:03}", i % 100), format!("v{i}"), None)
