@@ -190,10 +190,10 @@ struct Pending {
 #[derive(Default)]
 struct State {
     queue: VecDeque<Pending>,
-    in_flight: usize,
     /// Commands carried by the entries in flight.
     in_flight_commands: usize,
-    /// When each entry now in flight started, oldest first (for the stall metric).
+    /// When each entry now in flight started, oldest first (for the stall metric); its length
+    /// is the number in flight, which `Shared::gauge` mirrors for readers without the lock.
     started: VecDeque<Instant>,
     /// Entries proposed so far, for tests and metrics.
     entries: u64,
@@ -280,8 +280,9 @@ impl<S: BatchSink> ProposalBatcher<S> {
 /// Whether another entry may start: fewer than `max_in_flight` are in flight, or exactly that
 /// many carrying at most `light_commands` commands in all.
 fn room(s: &State, limits: &Limits) -> bool {
-    s.in_flight < limits.max_in_flight
-        || (s.in_flight == limits.max_in_flight
+    let in_flight = s.started.len();
+    in_flight < limits.max_in_flight
+        || (in_flight == limits.max_in_flight
             && limits.light_commands > 0
             && s.in_flight_commands <= limits.light_commands)
 }
@@ -296,7 +297,6 @@ fn pump<S: BatchSink>(shared: &Arc<Shared<S>>) {
             if batch.is_empty() {
                 break;
             }
-            s.in_flight += 1;
             shared.gauge.0.fetch_add(1, Ordering::Relaxed);
             s.in_flight_commands += batch.len();
             s.entries += 1;
@@ -322,10 +322,14 @@ struct InFlight<S>(Arc<Shared<S>>, Instant, usize);
 impl<S> Drop for InFlight<S> {
     fn drop(&mut self) {
         let mut s = self.0.state.lock();
-        s.in_flight -= 1;
         self.0.gauge.0.fetch_sub(1, Ordering::Relaxed);
         s.in_flight_commands -= self.2;
-        if let Some(i) = s.started.iter().position(|t| *t == self.1) {
+        // `pump` pushed this entry's start time when it made this guard, and each guard removes
+        // one copy of its own, so it is there (two entries started in the same instant remove
+        // one copy each).
+        let i = s.started.iter().position(|t| *t == self.1);
+        debug_assert!(i.is_some(), "an entry in flight without its start time");
+        if let Some(i) = i {
             s.started.remove(i);
         }
     }
