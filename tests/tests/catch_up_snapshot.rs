@@ -14,10 +14,11 @@
 //! resumed member closed the connection, and the transfer on it failed.
 //!
 //! Here the transfer is held open by SIGSTOPping the follower (its first chunk waits for the
-//! window and an answer) while the leader writes through several snapshot intervals. The election timeout is
-//! longer than the pause: a member resumed after one campaigns at once, and its higher term
-//! in the answer to the chunk deposes the leader (the transfer is then refused, and the new
-//! term's leader sends a snapshot of its own), which is another story than this test's.
+//! window and an answer) while the leader writes through several snapshot intervals. The
+//! election timeout is longer than the pause: a member resumed after one campaigns at once, and
+//! its higher term in the answer to the chunk deposes the leader (the transfer is then refused,
+//! and the new term's leader sends a snapshot of its own), which is another story than this
+//! test's.
 
 use std::time::Duration;
 
