@@ -324,9 +324,9 @@ impl<S> Drop for InFlight<S> {
         let mut s = self.0.state.lock();
         self.0.gauge.0.fetch_sub(1, Ordering::Relaxed);
         s.in_flight_commands -= self.2;
-        // `pump` pushed this entry's start time when it made this guard, and each guard removes
-        // one copy of its own, so it is there (two entries started in the same instant remove
-        // one copy each).
+        // `pump` pushed this entry's start time before it spawned the task that made this
+        // guard, and each guard removes one copy of its own, so it is there (two entries
+        // started in the same instant remove one copy each).
         let i = s.started.iter().position(|t| *t == self.1);
         debug_assert!(i.is_some(), "an entry in flight without its start time");
         if let Some(i) = i {
