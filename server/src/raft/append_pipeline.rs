@@ -71,9 +71,13 @@ use super::types::{LogId, NodeId, TypeConfig};
 type Request = AppendEntriesRequest<TypeConfig>;
 type Item = Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>;
 
-/// Requests unanswered at once: one carrying only the commit index, and one carrying entries,
-/// or two while the leader overlaps entries (see the module docs).
-pub const MAX_UNANSWERED: usize = 3;
+/// Entries requests unanswered at once while the leader overlaps entries (see the module
+/// docs); one otherwise.
+const OVERLAPPED_ENTRIES: usize = 2;
+
+/// Requests unanswered at once: one carrying only the commit index, and up to
+/// [`OVERLAPPED_ENTRIES`] carrying entries.
+pub const MAX_UNANSWERED: usize = 1 + OVERLAPPED_ENTRIES;
 
 /// Requests taken from openraft and not yet sent. Two, so that entries that could not be merged
 /// into the first (it is full) still keep their place in line.
@@ -117,7 +121,7 @@ impl Plan {
     /// Record it with [`Plan::sent`] once it is on the stream.
     pub fn next_to_send(&mut self, overlap: bool) -> Option<Request> {
         let entries = !self.held.front()?.entries.is_empty();
-        let limit = if entries && overlap { 2 } else { 1 };
+        let limit = if entries && overlap { OVERLAPPED_ENTRIES } else { 1 };
         if self.unanswered.iter().filter(|s| s.entries == entries).count() >= limit {
             return None;
         }
