@@ -101,3 +101,21 @@ kill_members() { # pid...
   [ -z "$stuck" ] || { echo "member PID $stuck has not exited 10 s after SIGKILL" >&2; exit 1; }
   forget "$@"
 }
+
+# Fails, naming them, when any of the given TCP ports already has a listener on this machine.
+# The benches start their members on fixed ports and then wait until something on those ports
+# answers: a member that cannot bind its port exits, and whatever does hold the port (a second
+# run of the same script, a cluster left running by earlier work) answers the health checks and
+# then the load, so a whole round would measure someone else's cluster and go into the medians
+# (docs/benchmarks.md, session 46). `ss` comes with iproute2, which setup-deps installs.
+ports_free() { # port...
+  local busy=() p
+  for p in "$@"; do
+    [ -z "$(ss -Hltn "( sport = :$p )")" ] || busy+=("$p")
+  done
+  [ ${#busy[@]} -eq 0 ] || {
+    echo "$0: port(s) ${busy[*]} already in use on this machine (another bench run, or a" \
+      "cluster left running?): stop what listens there first" >&2
+    exit 1
+  }
+}
