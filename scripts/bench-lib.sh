@@ -102,6 +102,13 @@ kill_members() { # pid...
   forget "$@"
 }
 
+# The six ports of the three-member cluster at base port $1, as every bench lays them out:
+# member i's client (or AMQP) port at base + 10 i, its peer (or distribution) port one above.
+member_ports() { # base_port
+  local i
+  for i in 1 2 3; do echo "$(($1 + 10 * i)) $(($1 + 10 * i + 1))"; done
+}
+
 # Fails, naming them, when any of the given TCP ports already has a listener on this machine.
 # The benches start their members on fixed ports and then wait until something on those ports
 # answers: a member that cannot bind its port exits, and whatever does hold the port (a second

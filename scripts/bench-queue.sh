@@ -83,7 +83,8 @@ start_picket() {
   local cluster="" i c p ep ok _
   picket_n=$((picket_n + 1))
   picket_pids=()
-  ports_free $((PB + 10)) $((PB + 11)) $((PB + 20)) $((PB + 21)) $((PB + 30)) $((PB + 31))
+  # shellcheck disable=SC2046 # word splitting wanted: member_ports prints port numbers
+  ports_free $(member_ports $PB)
   for i in 1 2 3; do cluster+="${cluster:+,}n$i=http://127.0.0.1:$((PB + 10 * i + 1))"; done
   for i in 1 2 3; do
     c=$((PB + 10 * i)); p=$((PB + 10 * i + 1))
@@ -148,7 +149,8 @@ rabbit_log() { # i
   echo "--- $(node "$1"): its log tail:" >&2
   tail -n 20 "$root/rabbit$1/log/$(node "$1").log" "$root/rabbit$1/stdout.log" >&2 2>/dev/null || true
 }
-ports_free "$epmd_port" $((RB + 11)) $((RB + 10)) $((RB + 21)) $((RB + 20)) $((RB + 31)) $((RB + 30))
+# shellcheck disable=SC2046 # word splitting wanted: member_ports prints port numbers
+ports_free "$epmd_port" $(member_ports $RB)
 env "${rmq_env[@]}" epmd -port "$epmd_port" -address 127.0.0.1 >"$root/epmd.log" 2>&1 &
 pids+=($!)
 # Bounded: 20 x 0.25 s until our epmd answers.

@@ -104,16 +104,13 @@ start_cluster() { # kind base_port; sets `started` to the members' PIDs
 # Starts both clusters with new data dirs under $root/$1 and returns once both are ready.
 start_clusters() { # tag
   tag=$1
-  local base i ports=()
-  for base in $PB $EB; do
-    for i in 1 2 3; do ports+=($((base + 10 * i)) $((base + 10 * i + 1))); done
-  done
-  ports_free "${ports[@]}"
+  # shellcheck disable=SC2046 # word splitting wanted: member_ports prints port numbers
+  ports_free $(member_ports $PB) $(member_ports $EB)
   start_cluster picket $PB
   picket_pids=("${started[@]}")
   start_cluster etcd $EB
   etcd_pids=("${started[@]}")
-  local ep ok _
+  local base ep ok _
   # Wait (bounded: 60 x 0.5 s) until both clusters commit a write.
   for base in $PB $EB; do
     for _ in $(seq 60); do
