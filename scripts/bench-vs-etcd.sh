@@ -25,6 +25,15 @@
 #
 # Binaries: picketd from ${CARGO_TARGET_DIR:-target}/release (PICKETD_BIN overrides it),
 # picket-bench likewise (BENCH_BIN); BENCH_NO_BUILD=1 skips `cargo build --workspace --release`.
+#
+# A/B of two Picket builds (issue 20: "report what each change bought, A/B back to back on the
+# same machine"): BENCH_B_PICKETD=<picketd> runs that build in place of etcd, as kind `picket-b`
+# (B) beside PICKETD_BIN's (A), same flags, same ports, same rows. Both clusters are up for the
+# whole round and each row runs on A and on B back to back, A first in odd rounds and B first
+# in even ones, so a slow minute on the host (this machine has them, docs/benchmarks.md,
+# session 47) lands on both sides of one pair and neither side always runs second. The summary
+# then gives B/A, and the median of the rounds' own B/A ratios, which pairs each B run with the
+# A run beside it.
 # The clusters live under a temp dir that is removed at the end; every process started here is
 # killed by PID on exit.
 set -euo pipefail
@@ -35,6 +44,12 @@ same_cluster="${BENCH_SAME_CLUSTER:-}"
 # bench_prelude (setup, build, bin, picketd, bench, root, pids, results) and sample_rss.
 . scripts/bench-lib.sh
 bench_prelude picket-bench
+b_picketd="${BENCH_B_PICKETD:-}"
+other=etcd
+if [ -n "$b_picketd" ]; then
+  other=picket-b
+  [ -x "$b_picketd" ] || { echo "$0: BENCH_B_PICKETD=$b_picketd is not an executable" >&2; exit 1; }
+fi
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   # Bounded in practice: every child left has just been sent SIGKILL, which it can neither catch
@@ -55,8 +70,10 @@ trap 'exit 143' TERM
 # before they start (stop_clusters), and both servers set SO_REUSEADDR on their listeners (Go's
 # net.Listen, tokio's TcpListener::bind), so the TIME-WAIT connections a killed member leaves on
 # its ports do not block the next bind; a member that cannot bind fails the health check below.
-PB=21000
-EB=22000
+# BENCH_BASE_PORT moves both (the other cluster stays 1000 above), e.g. for a test that must
+# not meet a run on the default ports.
+PB=${BENCH_BASE_PORT:-21000}
+EB=$((PB + 1000))
 eps() { echo "http://127.0.0.1:$(($1 + 10)),http://127.0.0.1:$(($1 + 20)),http://127.0.0.1:$(($1 + 30))"; }
 # The cluster's endpoints in the order the bench gets them: a follower, the leader, the other
 # follower (`leader_first` set: the leader first). The bench puts a one-connection client on the
@@ -77,10 +94,20 @@ role_eps() { # base_port [leader_first]
   if [ -n "${2:-}" ]; then echo "$leader,$rest"; else echo "${rest%%,*},$leader,${rest#*,}"; fi
 }
 # The running clusters: `tag` names their data dir ($root/$tag) and logs ($root/$tag-*.log);
-# picket_pids and etcd_pids are their members' PIDs, n1 to n3.
+# picket_pids and other_pids are their members' PIDs, n1 to n3 (the other cluster is etcd, or
+# in an A/B run the B build's Picket).
 tag=""
 picket_pids=()
-etcd_pids=()
+other_pids=()
+# The two kinds in the order this round runs them: Picket then etcd; in an A/B run A then B in
+# odd rounds, B then A in even ones (see the top).
+kinds() {
+  if [ "$other" = etcd ] || [ $((r % 2)) = 1 ]; then echo "picket $other"; else echo "$other picket"; fi
+}
+# The base port of a kind's cluster, and (in `p`) its members' PIDs.
+side() { # kind
+  if [ "$1" = picket ]; then base=$PB p=("${picket_pids[@]}"); else base=$EB p=("${other_pids[@]}"); fi
+}
 
 start_cluster() { # kind base_port; sets `started` to the members' PIDs
   local kind=$1 base=$2 cluster="" i
@@ -94,6 +121,8 @@ start_cluster() { # kind base_port; sets `started` to the members' PIDs
       --initial-cluster "$cluster" --initial-cluster-state new)
     if [ "$kind" = picket ]; then
       "$picketd" "${args[@]}" "${picket_flags[@]}" 2>"$root/$tag-$kind-n$i.log" &
+    elif [ "$kind" = picket-b ]; then
+      "$b_picketd" "${args[@]}" "${picket_flags[@]}" 2>"$root/$tag-$kind-n$i.log" &
     else
       etcd "${args[@]}" 2>"$root/$tag-$kind-n$i.log" &
     fi
@@ -108,8 +137,8 @@ start_clusters() { # tag
   ports_free $(member_ports $PB) $(member_ports $EB)
   start_cluster picket $PB
   picket_pids=("${started[@]}")
-  start_cluster etcd $EB
-  etcd_pids=("${started[@]}")
+  start_cluster "$other" $EB
+  other_pids=("${started[@]}")
   local base ep ok _
   # Wait (bounded: 60 x 0.5 s) until both clusters commit a write.
   for base in $PB $EB; do
@@ -133,9 +162,9 @@ start_clusters() { # tag
 # nothing to shut down cleanly), waits until each has exited (its ports and memory are then free
 # for the next round's members), reaps and forgets them, and removes their data dirs.
 stop_clusters() {
-  kill_members "${picket_pids[@]}" "${etcd_pids[@]}"
+  kill_members "${picket_pids[@]}" "${other_pids[@]}"
   picket_pids=()
-  etcd_pids=()
+  other_pids=()
   rm -rf "${root:?}/$tag"
 }
 # The store revision the cluster at base port $1 is at (a serializable read of the first member).
@@ -152,9 +181,8 @@ want() {
 run() { # name workload clients conns [rss] [leader_first]
   want "$1" || return 0
   local kind base line rss_pid rss p
-  for kind in picket etcd; do
-    base=$PB; p=("${picket_pids[@]}")
-    [ "$kind" = etcd ] && { base=$EB; p=("${etcd_pids[@]}"); }
+  for kind in $(kinds); do
+    side "$kind"
     printf '%-7s ' "$kind"
     rss_pid=""
     if [ -n "${5:-}" ]; then
@@ -178,13 +206,23 @@ run() { # name workload clients conns [rss] [leader_first]
     printf '%s\t%s\t%s\t%s\t%s\n' "$r" "$1" "$kind" "$line" "$rss" >>"$results"
   done
 }
+# A row whose figure is a latency at a set rate (lease-hold, watch): runs the bench with the
+# given flags, prints its line and records it like run's rows (the summary's second table).
+latency_row() { # name kind bench-flag...
+  local name=$1 kind=$2 line
+  shift 2
+  printf '%-7s ' "$kind"
+  line=$("$bench" "$@" || echo "failed (exit $?)")
+  echo "$line"
+  printf '%s\t%s\t%s\t%s\t\n' "$r" "$name" "$kind" "$line" >>"$results"
+}
 [ -z "$same_cluster" ] || start_clusters all-rounds
 for r in $(seq "$rounds"); do
   echo "# round $r (load average: $(cut -d' ' -f1-3 /proc/loadavg)); picketd flags: ${picket_flags[*]}"
   [ -n "$same_cluster" ] || start_clusters "round$r"
   echo "# round $r $([ -n "$same_cluster" ] && echo "clusters shared by all rounds" || echo "fresh clusters"):" \
     "picket pids $(IFS=,; echo "${picket_pids[*]}") at revision $(revision $PB)," \
-    "etcd pids $(IFS=,; echo "${etcd_pids[*]}") at revision $(revision $EB);" \
+    "$other pids $(IFS=,; echo "${other_pids[*]}") at revision $(revision $EB);" \
     "leaders $(role_eps $PB leader_first | cut -d, -f1), $(role_eps $EB leader_first | cut -d, -f1)"
   # One client: on a follower (as two clients in three land), then on the leader.
   run put-1 put 1 1
@@ -202,23 +240,19 @@ for r in $(seq "$rounds"); do
   run json-get json-get 64 8 rss
   # lease-hold: the bench samples the servers' CPU (from /proc) over its measured window only,
   # not over granting and revoking the 2,000 leases.
-  want lease-hold && for kind in picket etcd; do
-    base=$PB; p=("${picket_pids[@]}")
-    [ "$kind" = etcd ] && { base=$EB; p=("${etcd_pids[@]}"); }
-    printf '%-7s ' "$kind"
-    "$bench" --endpoints "$(role_eps "$base")" --workload lease-hold --leases 2000 \
-      --keepalive-interval 3 --conns 4 --seconds "$secs" --cpu-pids "$(IFS=,; echo "${p[*]}")" \
-      || echo "failed (exit $?)"
+  want lease-hold && for kind in $(kinds); do
+    side "$kind"
+    latency_row lease-hold "$kind" --endpoints "$(role_eps "$base")" --workload lease-hold \
+      --leases 2000 --keepalive-interval 3 --conns 4 --seconds "$secs" \
+      --cpu-pids "$(IFS=,; echo "${p[*]}")"
   done
   # watch: put-to-event latency, one writer at 50 puts/s, N watch streams over 8 connections.
   for w in 1 16 100 1000; do
     want watch || break
-    for kind in picket etcd; do
-      base=$PB
-      [ "$kind" = etcd ] && base=$EB
-      printf '%-7s ' "$kind"
-      "$bench" --endpoints "$(role_eps "$base")" --workload watch --watchers "$w" \
-        --put-rate 50 --conns 8 --seconds "$secs" || echo "failed (exit $?)"
+    for kind in $(kinds); do
+      side "$kind"
+      latency_row "watch-$w" "$kind" --endpoints "$(role_eps "$base")" --workload watch \
+        --watchers "$w" --put-rate 50 --conns 8 --seconds "$secs"
     done
   done
   [ -n "$same_cluster" ] || stop_clusters
@@ -226,4 +260,9 @@ done
 [ -z "$same_cluster" ] || stop_clusters
 echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 # Medians over the rounds with their spread, and Picket/etcd ratios of the medians.
-[ -s "$results" ] && python3 scripts/bench_summary.py "$results" etcd etcd ops
+# In an A/B run: B over A.
+if [ "$other" = etcd ]; then
+  [ -s "$results" ] && python3 scripts/bench_summary.py "$results" etcd etcd ops
+else
+  [ -s "$results" ] && python3 scripts/bench_summary.py "$results" picket A ops picket-b B
+fi

@@ -1,4 +1,6 @@
-//! The side-by-side benchmark scripts refuse to measure a cluster they did not start.
+//! The side-by-side benchmark scripts refuse to measure a cluster they did not start, and
+//! `bench-vs-etcd.sh`'s A/B mode runs the two builds it is given, each row on both back to back,
+//! in an order that flips every round.
 //!
 //! `scripts/bench-vs-etcd.sh` starts its clusters on fixed ports and waits until something on
 //! those ports answers. A second run started while the first was still going (session 46,
@@ -6,6 +8,7 @@
 //! its health checks and then its load: a whole round measured another run's clusters and
 //! went into the medians. The scripts now check their ports before they start anything.
 
+use std::ffi::OsStr;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -24,6 +27,16 @@ const TAKEN_PORT: u16 = 21020;
 /// Bound on the script: with the check it stops before starting a member (seconds); without it,
 /// it started both clusters and waited up to 30 s for a write and 10 s per member to answer.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Bound on the A/B run below: two rounds of two clusters of debug members, each brought up
+/// (up to 30 s for a write and 10 s per member) and two 1 s rows run on both; 25 s on an idle
+/// 2-core machine, so the bound leaves room for a loaded CI machine without hiding a hang.
+const AB_TIMEOUT: Duration = Duration::from_secs(400);
+
+/// Where the A/B test's clusters live: away from the default ports (21000, 22000) that the
+/// port test above holds one of and a developer's own run may be using, from bench-mixed's
+/// (23000) and bench-queue's (25000, 26000), and below the test port range (24000-32000).
+const AB_BASE_PORT: &str = "19000";
 
 /// How long a script given SIGTERM has to kill its members (each exits within 10 s of SIGKILL,
 /// `bench-lib.sh`'s `kill_members`) before the test returns and drops it.
@@ -47,11 +60,14 @@ fn read_all<R: AsyncRead + Unpin + Send + 'static>(
     })
 }
 
-#[tokio::test]
-async fn bench_vs_etcd_refuses_ports_already_in_use() -> Result<()> {
-    // Held for the whole test. If something else holds the port already, the script must
-    // refuse it all the same, so that is no reason to stop here.
-    let _held = TcpListener::bind(("127.0.0.1", TAKEN_PORT)).ok();
+/// Runs `scripts/bench-vs-etcd.sh` with the given arguments and environment (on top of
+/// `BENCH_NO_BUILD=1` and the debug build's picketd and picket-bench), bounded by
+/// `bound`; returns whether it succeeded, its stdout and its stderr.
+async fn run_bench_script(
+    args: &[&str],
+    env: &[(&str, &OsStr)],
+    bound: Duration,
+) -> Result<(bool, String, String)> {
     let picketd = picketd_bin()?;
     let bench = picketd.with_file_name("picket-bench");
     anyhow::ensure!(
@@ -60,11 +76,12 @@ async fn bench_vs_etcd_refuses_ports_already_in_use() -> Result<()> {
         bench.display()
     );
     let mut cmd = Command::new("scripts/bench-vs-etcd.sh");
-    cmd.args(["1", "1"])
+    cmd.args(args)
         .current_dir(project_root())
         .env("BENCH_NO_BUILD", "1")
         .env("PICKETD_BIN", &picketd)
         .env("BENCH_BIN", &bench)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
@@ -72,14 +89,14 @@ async fn bench_vs_etcd_refuses_ports_already_in_use() -> Result<()> {
     let pid = child.id().context("the script has no PID")?;
     let stdout = read_all(child.stdout.take());
     let stderr = read_all(child.stderr.take());
-    let status = match tokio::time::timeout(SCRIPT_TIMEOUT, child.wait()).await {
+    let status = match tokio::time::timeout(bound, child.wait()).await {
         Ok(status) => status.context("waiting for scripts/bench-vs-etcd.sh")?,
         Err(_) => {
             // SIGTERM first: the script's trap then kills, by PID, the members it started,
             // which the SIGKILL of `kill_on_drop` would leave running on the bench's ports.
             let _ = signal::send(pid, Signal::TERM);
             let _ = tokio::time::timeout(TERM_GRACE, child.wait()).await;
-            anyhow::bail!("bench-vs-etcd.sh did not stop within {SCRIPT_TIMEOUT:?}");
+            anyhow::bail!("bench-vs-etcd.sh did not stop within {bound:?}");
         }
     };
     // Bounded: the pipes close once the script has exited, unless something it started
@@ -87,10 +104,16 @@ async fn bench_vs_etcd_refuses_ports_already_in_use() -> Result<()> {
     let left_open = "the script's output stayed open after it exited";
     let stdout = tokio::time::timeout(TERM_GRACE, stdout).await.context(left_open)??;
     let stderr = tokio::time::timeout(TERM_GRACE, stderr).await.context(left_open)??;
-    anyhow::ensure!(
-        !status.success(),
-        "the script ran with port {TAKEN_PORT} taken:\n{stdout}\n{stderr}"
-    );
+    Ok((status.success(), stdout, stderr))
+}
+
+#[tokio::test]
+async fn bench_vs_etcd_refuses_ports_already_in_use() -> Result<()> {
+    // Held for the whole test. If something else holds the port already, the script must
+    // refuse it all the same, so that is no reason to stop here.
+    let _held = TcpListener::bind(("127.0.0.1", TAKEN_PORT)).ok();
+    let (success, stdout, stderr) = run_bench_script(&["1", "1"], &[], SCRIPT_TIMEOUT).await?;
+    anyhow::ensure!(!success, "the script ran with port {TAKEN_PORT} taken:\n{stdout}\n{stderr}");
     anyhow::ensure!(
         stderr.contains(&TAKEN_PORT.to_string()) && stderr.contains("already in use"),
         "the script failed without naming the taken port {TAKEN_PORT}:\n{stdout}\n{stderr}"
@@ -98,6 +121,77 @@ async fn bench_vs_etcd_refuses_ports_already_in_use() -> Result<()> {
     anyhow::ensure!(
         !stdout.contains("# round 1 fresh clusters"),
         "the script started a round's clusters before it refused:\n{stdout}\n{stderr}"
+    );
+    Ok(())
+}
+
+/// The kinds of the rows' lines (`picket` is A, `picket-b` B) in the order each round printed
+/// them, round by round.
+fn kinds_by_round(stdout: &str) -> Vec<Vec<&str>> {
+    let mut rounds: Vec<Vec<&str>> = Vec::new();
+    for line in stdout.lines() {
+        if line.starts_with("# round ") && line.contains("(load average") {
+            rounds.push(Vec::new());
+        } else if let (Some(kind), Some(round)) =
+            (line.split_whitespace().next(), rounds.last_mut())
+        {
+            if line.contains("workload=") && (kind == "picket" || kind == "picket-b") {
+                round.push(kind);
+            }
+        }
+    }
+    rounds
+}
+
+#[tokio::test]
+async fn bench_ab_runs_both_builds_back_to_back_in_alternating_order() -> Result<()> {
+    // B is a wrapper that notes each member it starts and then runs the same picketd: the run
+    // must start B's members from the binary it was given, not A's (or etcd).
+    let dir = tempfile::tempdir()?;
+    let marker = dir.path().join("b-started");
+    let wrapper = dir.path().join("picketd-b");
+    let picketd = picketd_bin()?;
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho \"$*\" >> '{}'\nexec '{}' \"$@\"\n",
+            marker.display(),
+            picketd.display()
+        ),
+    )?;
+    std::fs::set_permissions(&wrapper, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let env = [
+        ("BENCH_B_PICKETD", wrapper.as_os_str()),
+        ("BENCH_BASE_PORT", OsStr::new(AB_BASE_PORT)),
+        ("BENCH_ONLY", OsStr::new("put-1 lease-hold")),
+    ];
+    let (success, stdout, stderr) = run_bench_script(&["1", "2"], &env, AB_TIMEOUT).await?;
+    anyhow::ensure!(success, "the A/B run failed:\n{stdout}\n{stderr}");
+    anyhow::ensure!(!stdout.contains("failed (exit"), "a row failed:\n{stdout}\n{stderr}");
+
+    // Three B members per round, each started through the wrapper, on the moved ports.
+    let started = std::fs::read_to_string(&marker).context("B's binary never ran")?;
+    anyhow::ensure!(
+        started.lines().count() == 6 && started.lines().all(|l| l.contains("127.0.0.1:2001")),
+        "B's members were not started from BENCH_B_PICKETD on base port 20000:\n{started}"
+    );
+    // Each row on both builds, A first in round 1 and B first in round 2.
+    let a_first = ["picket", "picket-b", "picket", "picket-b"];
+    let b_first = ["picket-b", "picket", "picket-b", "picket"];
+    let rounds = kinds_by_round(&stdout);
+    anyhow::ensure!(
+        rounds == [a_first.to_vec(), b_first.to_vec()],
+        "rows not run A-B in round 1 and B-A in round 2 ({rounds:?}):\n{stdout}"
+    );
+    // The summary reads B over A: the throughput row and the latency row.
+    anyhow::ensure!(
+        stdout.contains("| workload | rounds | B ops/s") && stdout.contains("\n| put-1 | 2 |"),
+        "no B/A summary row for put-1:\n{stdout}"
+    );
+    anyhow::ensure!(
+        stdout.contains("| latency row | rounds | B p50 ms")
+            && stdout.contains("\n| lease-hold | 2 |"),
+        "no B/A summary row for lease-hold:\n{stdout}"
     );
     Ok(())
 }
