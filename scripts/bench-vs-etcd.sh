@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Starts a three-node Picket cluster and a three-node etcd 3.4 cluster (Debian's etcd-server,
-# default durability: fsync on commit) on this machine, runs each workload against each in
-# alternation, and prints one line per run. Usage: scripts/bench-vs-etcd.sh [seconds] [rounds]
+# default durability: fsync on commit) on this machine, runs each workload against each back to
+# back, and prints one line per run. Usage: scripts/bench-vs-etcd.sh [seconds] [rounds]
 # Set BENCH_ONLY to a space-separated list of workload names (e.g. "put-1 put-64 get lease-hold
 # watch"; put-1 and put-64 are the 1- and 64-client puts, put-1-leader the one client on the
 # leader instead of a follower (see role_eps), "put" selects all three; json-put-1,
 # json-put-64 and json-get are the same over the HTTP/JSON gateway) to run only those.
-# Every round runs each workload against Picket, then etcd. At the end a summary table gives,
-# per workload, the median over the rounds of ops/s, p50 and p99 for each, the Picket/etcd ratio
-# of the medians, the servers' CPU per operation (sum of the three members' user + system time
+# Every round runs each workload against both, back to back: Picket first in odd rounds, etcd
+# first in even ones. At the end a summary table gives, per workload, the median over the rounds
+# of ops/s, p50 and p99 for each, the Picket/etcd ratio of the medians and the median of each
+# round's own ratio, the servers' CPU per operation (sum of the three members' user + system time
 # over the measured window, from /proc) and the machine's busy share over it (from /proc/stat,
 # steal included: near 100 % the run was bound by CPU, so the throughput ratio is a ratio of CPU
 # per operation), and for puts the servers' resident memory (sum of the three members' VmRSS,
@@ -30,10 +31,10 @@
 # same machine"): BENCH_B_PICKETD=<picketd> runs that build in place of etcd, as kind `picket-b`
 # (B) beside PICKETD_BIN's (A), same flags, same ports, same rows. Both clusters are up for the
 # whole round and each row runs on A and on B back to back, A first in odd rounds and B first
-# in even ones, so a slow minute on the host (this machine has them, docs/benchmarks.md,
-# session 47) lands on both sides of one pair and neither side always runs second. The summary
-# then gives B/A, and the median of the rounds' own B/A ratios, which pairs each B run with the
-# A run beside it.
+# in even ones (as Picket and etcd do), so a slow minute on the host (this machine has them,
+# docs/benchmarks.md, session 47) lands on both sides of one pair and neither side always runs
+# second. The summary then gives B/A, and the median of the rounds' own B/A ratios, which pairs
+# each B run with the A run beside it.
 # The clusters live under a temp dir that is removed at the end; every process started here is
 # killed by PID on exit.
 set -euo pipefail
@@ -99,10 +100,11 @@ role_eps() { # base_port [leader_first]
 tag=""
 picket_pids=()
 other_pids=()
-# The two kinds in the order this round runs them: Picket then etcd; in an A/B run A then B in
-# odd rounds, B then A in even ones (see the top).
+# The two kinds in the order this round runs them: Picket first in odd rounds, the other (etcd,
+# or B in an A/B run) first in even ones, so neither side always runs right after the other's
+# load (its writeback, its cache misses).
 kinds() {
-  if [ "$other" = etcd ] || [ $((r % 2)) = 1 ]; then echo "picket $other"; else echo "$other picket"; fi
+  if [ $((r % 2)) = 1 ]; then echo "picket $other"; else echo "$other picket"; fi
 }
 # The base port of a kind's cluster, and (in `p`) its members' PIDs.
 side() { # kind

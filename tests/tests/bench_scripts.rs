@@ -28,15 +28,19 @@ const TAKEN_PORT: u16 = 21020;
 /// it started both clusters and waited up to 30 s for a write and 10 s per member to answer.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// Bound on the A/B run below: two rounds of two clusters of debug members, each brought up
-/// (up to 30 s for a write and 10 s per member) and two 1 s rows run on both; 25 s on an idle
-/// 2-core machine, so the bound leaves room for a loaded CI machine without hiding a hang.
+/// Bound on the two-round runs below: two rounds of two clusters (debug members, or etcd), each
+/// brought up (up to 30 s for a write and 10 s per member) and two 1 s rows run on both; 25-35 s
+/// on an idle 2-core machine, so the bound leaves room for a loaded CI machine without hiding a
+/// hang.
 const AB_TIMEOUT: Duration = Duration::from_secs(400);
 
 /// Where the A/B test's clusters live: away from the default ports (21000, 22000) that the
 /// port test above holds one of and a developer's own run may be using, from bench-mixed's
 /// (23000) and bench-queue's (25000, 26000), and below the test port range (24000-32000).
 const AB_BASE_PORT: &str = "19000";
+
+/// The same for the run against etcd (its clusters at 19500 and 20500).
+const VS_ETCD_BASE_PORT: &str = "19500";
 
 /// How long a script given SIGTERM has to kill its members (each exits within 10 s of SIGKILL,
 /// `bench-lib.sh`'s `kill_members`) before the test returns and drops it.
@@ -125,8 +129,8 @@ async fn bench_vs_etcd_refuses_ports_already_in_use() -> Result<()> {
     Ok(())
 }
 
-/// The kinds of the rows' lines (`picket` is A, `picket-b` B) in the order each round printed
-/// them, round by round.
+/// The kinds of the rows' lines (`picket`, and `etcd` or in an A/B run `picket-b`) in the order
+/// each round printed them, round by round.
 fn kinds_by_round(stdout: &str) -> Vec<Vec<&str>> {
     let mut rounds: Vec<Vec<&str>> = Vec::new();
     for line in stdout.lines() {
@@ -135,7 +139,7 @@ fn kinds_by_round(stdout: &str) -> Vec<Vec<&str>> {
         } else if let (Some(kind), Some(round)) =
             (line.split_whitespace().next(), rounds.last_mut())
         {
-            if line.contains("workload=") && (kind == "picket" || kind == "picket-b") {
+            if line.contains("workload=") && ["picket", "picket-b", "etcd"].contains(&kind) {
                 round.push(kind);
             }
         }
@@ -175,23 +179,42 @@ async fn bench_ab_runs_both_builds_back_to_back_in_alternating_order() -> Result
         started.lines().count() == 6 && started.lines().all(|l| l.contains("127.0.0.1:2001")),
         "B's members were not started from BENCH_B_PICKETD on base port 20000:\n{started}"
     );
-    // Each row on both builds, A first in round 1 and B first in round 2.
-    let a_first = ["picket", "picket-b", "picket", "picket-b"];
-    let b_first = ["picket-b", "picket", "picket-b", "picket"];
-    let rounds = kinds_by_round(&stdout);
+    check_paired_rounds(&stdout, "picket", "picket-b", "B")
+}
+
+/// Checks a two-round run of the rows put-1 and lease-hold: each row ran on both sides back to
+/// back, `first` first in round 1 and `second` first in round 2, and both summary tables have
+/// their row, headed by `main_label` (the side the ratios put on top).
+fn check_paired_rounds(stdout: &str, first: &str, second: &str, main_label: &str) -> Result<()> {
+    let round1 = [first, second, first, second];
+    let round2 = [second, first, second, first];
+    let rounds = kinds_by_round(stdout);
     anyhow::ensure!(
-        rounds == [a_first.to_vec(), b_first.to_vec()],
-        "rows not run A-B in round 1 and B-A in round 2 ({rounds:?}):\n{stdout}"
+        rounds == [round1.to_vec(), round2.to_vec()],
+        "rows not run {first} then {second} in round 1 and the other way in round 2 \
+         ({rounds:?}):\n{stdout}"
     );
-    // The summary reads B over A: the throughput row and the latency row.
     anyhow::ensure!(
-        stdout.contains("| workload | rounds | B ops/s") && stdout.contains("\n| put-1 | 2 |"),
-        "no B/A summary row for put-1:\n{stdout}"
+        stdout.contains(&format!("| workload | rounds | {main_label} ops/s"))
+            && stdout.contains("\n| put-1 | 2 |"),
+        "no summary row for put-1:\n{stdout}"
     );
     anyhow::ensure!(
-        stdout.contains("| latency row | rounds | B p50 ms")
+        stdout.contains(&format!("| latency row | rounds | {main_label} p50 ms"))
             && stdout.contains("\n| lease-hold | 2 |"),
-        "no B/A summary row for lease-hold:\n{stdout}"
+        "no summary row for lease-hold:\n{stdout}"
     );
     Ok(())
+}
+
+#[tokio::test]
+async fn bench_vs_etcd_alternates_which_server_runs_first() -> Result<()> {
+    let env = [
+        ("BENCH_BASE_PORT", OsStr::new(VS_ETCD_BASE_PORT)),
+        ("BENCH_ONLY", OsStr::new("put-1 lease-hold")),
+    ];
+    let (success, stdout, stderr) = run_bench_script(&["1", "2"], &env, AB_TIMEOUT).await?;
+    anyhow::ensure!(success, "the run failed:\n{stdout}\n{stderr}");
+    anyhow::ensure!(!stdout.contains("failed (exit"), "a row failed:\n{stdout}\n{stderr}");
+    check_paired_rounds(&stdout, "picket", "etcd", "Picket")
 }
