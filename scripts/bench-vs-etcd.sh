@@ -74,6 +74,10 @@ trap 'exit 143' TERM
 # BENCH_BASE_PORT moves both (the other cluster stays 1000 above), e.g. for a test that must
 # not meet a run on the default ports.
 PB=${BENCH_BASE_PORT:-21000}
+[[ "$PB" =~ ^[0-9]+$ ]] && [ "$PB" -ge 1024 ] && [ "$PB" -le 64000 ] || {
+  echo "$0: BENCH_BASE_PORT=$PB is not a port number from 1024 to 64000" >&2
+  exit 1
+}
 EB=$((PB + 1000))
 eps() { echo "http://127.0.0.1:$(($1 + 10)),http://127.0.0.1:$(($1 + 20)),http://127.0.0.1:$(($1 + 30))"; }
 # The cluster's endpoints in the order the bench gets them: a follower, the leader, the other

@@ -218,3 +218,21 @@ async fn bench_vs_etcd_alternates_which_server_runs_first() -> Result<()> {
     anyhow::ensure!(!stdout.contains("failed (exit"), "a row failed:\n{stdout}\n{stderr}");
     check_paired_rounds(&stdout, "picket", "etcd", "Picket")
 }
+
+#[tokio::test]
+async fn bench_vs_etcd_refuses_a_base_port_that_is_not_a_port() -> Result<()> {
+    for bad in ["abc", "80", "70000"] {
+        let env = [("BENCH_BASE_PORT", OsStr::new(bad))];
+        let (success, stdout, stderr) = run_bench_script(&["1", "1"], &env, SCRIPT_TIMEOUT).await?;
+        anyhow::ensure!(!success, "the script ran with BENCH_BASE_PORT={bad}:\n{stdout}\n{stderr}");
+        anyhow::ensure!(
+            stderr.contains(&format!("BENCH_BASE_PORT={bad} is not a port number")),
+            "the script failed without naming BENCH_BASE_PORT={bad}:\n{stdout}\n{stderr}"
+        );
+        anyhow::ensure!(
+            !stdout.contains("# round 1"),
+            "the script started a round before it refused:\n{stdout}\n{stderr}"
+        );
+    }
+    Ok(())
+}
