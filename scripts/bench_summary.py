@@ -10,7 +10,8 @@ load generator's output line (key=value pairs: ops/s, p50, p99, errors, server_c
 host_busy_pct) and the servers' peak summed RSS in KiB (may be empty or 0). Per workload it
 prints the median over the rounds with the rounds' spread (min-max), the main/other ratio of
 the medians, the median of the rounds' own main/other ratios (each round runs both sides back
-to back, so a round's ratio compares two runs a few seconds apart), and `max/min`, the largest round over the smallest: issue 20 asks that a row whose
+to back, so a round's ratio compares two runs a few seconds apart), and `max/min`, the largest
+round over the smallest: issue 20 asks that a row whose
 rounds differ by more than 2x be explained (a stall, an election), not averaged away, so such a
 row is marked with `!`.
 
@@ -33,10 +34,10 @@ for row in open(results):
     if "ops/s" not in m:
         if "p50" in m:
             r = latency.setdefault(name, {}).setdefault(
-                kind, {"p50": [], "p99": [], "cpu": [], "lost": 0, "by_round": {}})
+                kind, {"p50": [], "p99": [], "cpu": [], "lost": 0, "rounds": []})
+            r["rounds"].append(rnd)
             r["p50"].append(float(m["p50"]))
             r["p99"].append(float(m["p99"]))
-            r["by_round"][rnd] = float(m["p50"])
             if "server_cpu_ms_per_keepalive" in m:
                 r["cpu"].append(1000 * float(m["server_cpu_ms_per_keepalive"]))
             for k in ("missed", "lost", "errors", "put_errors"):
@@ -44,10 +45,10 @@ for row in open(results):
         continue
     r = runs.setdefault(name, {}).setdefault(
         kind, {"ops": [], "p50": [], "p99": [], "rss": [], "cpu": [], "busy": [], "errors": 0,
-               "by_round": {}})
+               "rounds": []})
     r["errors"] += int(float(m.get("errors", 0)))
+    r["rounds"].append(rnd)
     r["ops"].append(float(m["ops/s"]))
-    r["by_round"][rnd] = float(m["ops/s"])
     r["p50"].append(float(m["p50"]))
     r["p99"].append(float(m["p99"]))
     if rss and int(rss) > 0:
@@ -62,8 +63,8 @@ def med(xs):
     return statistics.median(xs) if xs else float("nan")
 
 
-def spread(xs):
-    return f"{med(xs):,.0f} ({min(xs):,.0f}-{max(xs):,.0f})"
+def spread(xs, fmt=",.0f"):
+    return f"{med(xs):{fmt}} ({min(xs):{fmt}}-{max(xs):{fmt}})"
 
 
 def ratio(xs):
@@ -71,15 +72,11 @@ def ratio(xs):
     return f"{r:.2f}{' !' if r > 2 else ''}"
 
 
-def round_ratios(p, o):
-    """The median and spread of main/other over the rounds that ran both."""
-    rs = [p["by_round"][k] / o["by_round"][k]
-          for k in p["by_round"] if k in o["by_round"] and o["by_round"][k] > 0]
-    return f"{med(rs):.2f} ({min(rs):.2f}-{max(rs):.2f})" if rs else ""
-
-
-def spread2(xs):
-    return f"{med(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})"
+def round_ratios(p, o, key):
+    """The median and spread of main/other of `key` over the rounds that ran both."""
+    mine, theirs = dict(zip(p["rounds"], p[key])), dict(zip(o["rounds"], o[key]))
+    rs = [v / theirs[k] for k, v in mine.items() if theirs.get(k, 0) > 0]
+    return spread(rs, ".2f") if rs else ""
 
 
 def paired(table):
@@ -104,7 +101,7 @@ for name, p, o in paired(runs):
         return f"{med(p[k]):.0f} / {med(o[k]):.0f}" if p[k] and o[k] else ""
 
     print(f"| {name} | {len(p['ops'])} | {spread(p['ops'])} | {spread(o['ops'])} | "
-          f"{med(p['ops']) / med(o['ops']):.2f} | {round_ratios(p, o)} | "
+          f"{med(p['ops']) / med(o['ops']):.2f} | {round_ratios(p, o, 'ops')} | "
           f"{med(p['p50']):.2f} / {med(p['p99']):.2f} | "
           f"{med(o['p50']):.2f} / {med(o['p99']):.2f} | {med(p['p99']) / med(o['p99']):.2f} | "
           f"{pair('cpu')} | {pair('busy')} | {pair('rss')} | "
@@ -117,6 +114,6 @@ if latency:
            f"server CPU us per keep-alive {M} / {label}", f"missed, lost or failed {M} / {label}")
 for name, p, o in paired(latency):
     cpu = f"{med(p['cpu']):.0f} / {med(o['cpu']):.0f}" if p["cpu"] and o["cpu"] else ""
-    print(f"| {name} | {len(p['p50'])} | {spread2(p['p50'])} | {spread2(o['p50'])} | "
-          f"{med(p['p50']) / med(o['p50']):.2f} | {round_ratios(p, o)} | "
+    print(f"| {name} | {len(p['p50'])} | {spread(p['p50'], '.2f')} | {spread(o['p50'], '.2f')} | "
+          f"{med(p['p50']) / med(o['p50']):.2f} | {round_ratios(p, o, 'p50')} | "
           f"{med(p['p99']):.2f} / {med(o['p99']):.2f} | {cpu} | {p['lost']} / {o['lost']} |")
