@@ -236,6 +236,7 @@ async fn tokens_expire_and_the_picket_client_re_authenticates() -> Result<()> {
     let opts = picket_client::ConnectOptions::default().with_user("alice", ALICE_PW);
     let pc = picket_client::Client::connect_with([ep.as_str()], opts).await?;
     pc.put("/app/p", "1").await?;
+    // A 1 s token lives at least 1 s and less than 2 s (whole-second expiry, rounded up).
     tokio::time::sleep(Duration::from_millis(2100)).await;
     pc.put("/app/p", "2").await?;
     assert_eq!(pc.get("/app/p").await?.context("/app/p")?.value, b"2");

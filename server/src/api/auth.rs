@@ -420,8 +420,7 @@ impl Auth for AuthService {
         if store::find_user(&state, &r.name).is_none_or(|u| u.password != checked_hash) {
             return Err(failed());
         }
-        let issued = now_unix();
-        let expires = issued.saturating_add(self.ctx.auth.token_ttl.as_secs().max(1));
+        let (issued, expires) = token::lifetime(super::time_ids::now_ms(), self.ctx.auth.token_ttl);
         let token = token::sign(
             &state.signing_key,
             &r.name,

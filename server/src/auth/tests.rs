@@ -256,6 +256,32 @@ fn a_token_issued_by_a_clock_far_ahead_is_refused_and_small_skew_is_tolerated() 
     assert_eq!(c.issued_ahead(u64::MAX), None, "no overflow");
 }
 
+/// A token lives at least `--auth-token-ttl`, wherever in a second it is issued. Expiry was
+/// counted from the issue second rounded down, so a 1 s token signed at x.999 s expired 1 ms
+/// later: CI saw `tests/auth.rs`'s first request with a fresh 1 s token refused.
+#[test]
+fn a_token_lives_at_least_its_ttl_wherever_in_a_second_it_is_issued() {
+    let key = [1u8; 32];
+    for ttl_secs in [1u64, 2, 300] {
+        let ttl = std::time::Duration::from_secs(ttl_secs);
+        for now_ms in [1_000_000_000, 1_000_000_001, 1_000_000_500, 1_000_000_999] {
+            let (issued, expires) = token::lifetime(now_ms, ttl);
+            let c = token::parse(&token::sign(&key, "alice", b"h1", 5, issued, expires)).unwrap();
+            // The last whole second a verifier can read before `now_ms + ttl` has passed.
+            let last_valid_sec = (now_ms + ttl_secs * 1000 - 1) / 1000;
+            for sec in now_ms / 1000..=last_valid_sec {
+                assert!(
+                    token::verify(&key, &c, b"h1", sec).is_ok(),
+                    "ttl {ttl_secs} s, issued at {now_ms} ms, refused at second {sec}"
+                );
+            }
+            // ...and is refused in the first second that begins after its TTL has passed.
+            let gone = token::verify(&key, &c, b"h1", last_valid_sec + 1);
+            assert_eq!(gone, Err(AuthError::InvalidAuthToken), "ttl {ttl_secs} s, {now_ms} ms");
+        }
+    }
+}
+
 /// Tokens of builds before the issue time was signed (v1) are still accepted during a rolling
 /// upgrade, with the old rule (expiry only), and a v1 signature cannot be passed off as v2.
 #[test]

@@ -41,6 +41,18 @@ const V1: &str = "v1";
 /// back, while bounding how long past its TTL a skewed member's token can live (by this much).
 pub const CLOCK_TOLERANCE_SECS: u64 = 30;
 
+/// The issue time and expiry, in Unix seconds, of a token signed at `now_ms` (Unix
+/// milliseconds, the issuing member's clock) that must live `ttl` (at least 1 s).
+///
+/// A verifier reads its clock in whole seconds, rounded down, and refuses the token from its
+/// expiry second on. So the expiry is rounded up: the token lives from `ttl` to `ttl` + 1 s. An
+/// expiry counted from the issue second rounded down let a 1 s token signed at x.999 s live 1 ms.
+/// The issue time is rounded down, as a verifier's clock is, for the skew check.
+pub fn lifetime(now_ms: u64, ttl: std::time::Duration) -> (u64, u64) {
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1000);
+    (now_ms / 1000, now_ms.saturating_add(ttl_ms).div_ceil(1000))
+}
+
 /// What a token says, before its signature is checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claims {
