@@ -126,3 +126,21 @@ ports_free() { # port...
     exit 1
   }
 }
+
+# Sets PB, the base port of a script's first cluster: BENCH_BASE_PORT, or the script's default
+# $1. Refused, naming the variable, unless it is a port number from 1024 to 64000 (each script's
+# other cluster sits 1000 above it, its members up to 31 above that).
+base_port() { # default
+  PB=${BENCH_BASE_PORT:-$1}
+  [[ "$PB" =~ ^[0-9]+$ ]] && [ "$PB" -ge 1024 ] && [ "$PB" -le 64000 ] || {
+    echo "$0: BENCH_BASE_PORT=$PB is not a port number from 1024 to 64000" >&2
+    exit 1
+  }
+}
+
+# The two sides of a comparison in the order round $1 runs them: $2 first in odd rounds, $3
+# first in even ones, so neither side always runs right after the other's load (its writeback,
+# its cache misses, a loaded host's slow minute).
+in_turn() { # round first other
+  if [ $(($1 % 2)) = 1 ]; then echo "$2 $3"; else echo "$3 $2"; fi
+}

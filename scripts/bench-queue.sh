@@ -8,15 +8,16 @@
 # messages, prefetch 1 and manual acks: `--workload amqp-cycle`), both on loopback.
 # Usage: scripts/bench-queue.sh [seconds] [rounds]
 #
-# Every round runs 1 and 16 workers against Picket, then against RabbitMQ, each on a fresh queue
-# (Picket: a fresh three-member cluster per row; RabbitMQ: one cluster, a new quorum queue per
-# row, which amqp-cycle deletes at the end) that starts with one job (message) per worker,
-# enqueued before the window (QUEUE_PREFILL=N sets another number; 0 starts empty, as before
-# 2026-12-03): a worker then always finds a job, whichever of its two overlapped calls reaches
-# the leader first. Each worker has its own connection, spread over the three members/nodes
-# round-robin. At the end a summary
-# table gives, per row, the median over the rounds of cycles/s with the spread (min-max), the
-# Picket/RabbitMQ ratio of the medians, p50 and p99, the servers' CPU per cycle (user + system
+# Every round runs 1 and 16 workers, each row against both back to back: Picket first in odd
+# rounds, RabbitMQ first in even ones (so neither always runs right after the other's load).
+# Each row runs on a fresh queue (Picket: a fresh three-member cluster per row; RabbitMQ: one
+# cluster, a new quorum queue per row, which amqp-cycle deletes at the end) that starts with
+# one job (message) per worker, enqueued before the window (QUEUE_PREFILL=N sets another number;
+# 0 starts empty, as before 2026-12-03): a worker then always finds a job, whichever of its two
+# overlapped calls reaches the leader first. Each worker has its own connection, spread over the
+# three members/nodes round-robin. At the end a summary table gives, per row, the median over
+# the rounds of cycles/s with the spread (min-max), the Picket/RabbitMQ ratio of the medians and
+# the median of each round's own ratio, p50 and p99, the servers' CPU per cycle (user + system
 # time of the three picketd processes or the three beam.smp processes over the measured window,
 # from /proc), the machine's busy share over the window (from /proc/stat, steal included) and the
 # servers' summed resident memory (peak of samples every 0.5 s, median over rounds).
@@ -65,9 +66,11 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 # Ports below the kernel's ephemeral range (32768-60999), away from bench-vs-etcd.sh's (21000,
-# 22000) and bench-mixed.sh's (23000), so the scripts can run side by side.
-PB=25000
-RB=26000
+# 22000) and bench-mixed.sh's (23000), so the scripts can run side by side. BENCH_BASE_PORT
+# moves both (RabbitMQ stays 1000 above Picket), e.g. for a test that must stay out of the
+# test port range (24000-32000).
+base_port 25000
+RB=$((PB + 1000))
 epmd_port=$((RB + 2))
 
 # --- Picket: three members, as bench-vs-etcd.sh starts them, fresh for every row (issue 20:
@@ -231,8 +234,7 @@ echo "# picketd: $picketd ($(stat -c %y "$picketd" | cut -d. -f1)) ${picket_flag
 for r in $(seq "$rounds"); do
   echo "# round $r (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
   for n in 1 16; do
-    run picket "$n"
-    run rabbitmq "$n"
+    for kind in $(in_turn "$r" picket rabbitmq); do run "$kind" "$n"; done
   done
 done
 echo "# load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -73,11 +73,7 @@ trap 'exit 143' TERM
 # its ports do not block the next bind; a member that cannot bind fails the health check below.
 # BENCH_BASE_PORT moves both (the other cluster stays 1000 above), e.g. for a test that must
 # not meet a run on the default ports.
-PB=${BENCH_BASE_PORT:-21000}
-[[ "$PB" =~ ^[0-9]+$ ]] && [ "$PB" -ge 1024 ] && [ "$PB" -le 64000 ] || {
-  echo "$0: BENCH_BASE_PORT=$PB is not a port number from 1024 to 64000" >&2
-  exit 1
-}
+base_port 21000
 EB=$((PB + 1000))
 eps() { echo "http://127.0.0.1:$(($1 + 10)),http://127.0.0.1:$(($1 + 20)),http://127.0.0.1:$(($1 + 30))"; }
 # The cluster's endpoints in the order the bench gets them: a follower, the leader, the other
@@ -104,12 +100,9 @@ role_eps() { # base_port [leader_first]
 tag=""
 picket_pids=()
 other_pids=()
-# The two kinds in the order this round runs them: Picket first in odd rounds, the other (etcd,
-# or B in an A/B run) first in even ones, so neither side always runs right after the other's
-# load (its writeback, its cache misses).
-kinds() {
-  if [ $((r % 2)) = 1 ]; then echo "picket $other"; else echo "$other picket"; fi
-}
+# The two kinds in the order this round runs them (bench-lib.sh's in_turn): Picket first in odd
+# rounds, the other (etcd, or B in an A/B run) first in even ones.
+kinds() { in_turn "$r" picket "$other"; }
 # The base port of a kind's cluster, and (in `p`) its members' PIDs.
 side() { # kind
   if [ "$1" = picket ]; then base=$PB p=("${picket_pids[@]}"); else base=$EB p=("${other_pids[@]}"); fi

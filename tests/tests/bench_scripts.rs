@@ -1,6 +1,7 @@
-//! The side-by-side benchmark scripts refuse to measure a cluster they did not start, and
-//! `bench-vs-etcd.sh`'s A/B mode runs the two builds it is given, each row on both back to back,
-//! in an order that flips every round.
+//! The side-by-side benchmark scripts refuse to measure a cluster they did not start, and each
+//! runs every row on both sides back to back, in an order that flips every round: Picket and
+//! etcd, the two builds of `bench-vs-etcd.sh`'s A/B mode, Picket and RabbitMQ
+//! (`bench-queue.sh`).
 //!
 //! `scripts/bench-vs-etcd.sh` starts its clusters on fixed ports and waits until something on
 //! those ports answers. A second run started while the first was still going (session 46,
@@ -42,6 +43,18 @@ const AB_BASE_PORT: &str = "19000";
 /// The same for the run against etcd (its clusters at 19500 and 20500).
 const VS_ETCD_BASE_PORT: &str = "19500";
 
+/// Where the queue test's clusters live: Picket at 19200, RabbitMQ at 20200 (its epmd at 20202,
+/// its CLI's distribution ports 20250-20260), away from the ports above and out of the test port
+/// range.
+const QUEUE_BASE_PORT: &str = "19200";
+
+/// Bound on the queue run: a three-node RabbitMQ cluster booted and joined (a dozen CLI calls,
+/// each an Erlang VM of a few seconds), four debug Picket clusters and eight 1 s rows; 2-3
+/// minutes on an idle 2-core machine.
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(600);
+
+const VS_ETCD: &str = "scripts/bench-vs-etcd.sh";
+
 /// How long a script given SIGTERM has to kill its members (each exits within 10 s of SIGKILL,
 /// `bench-lib.sh`'s `kill_members`) before the test returns and drops it.
 const TERM_GRACE: Duration = Duration::from_secs(15);
@@ -64,10 +77,11 @@ fn read_all<R: AsyncRead + Unpin + Send + 'static>(
     })
 }
 
-/// Runs `scripts/bench-vs-etcd.sh` with the given arguments and environment (on top of
-/// `BENCH_NO_BUILD=1` and the debug build's picketd and picket-bench), bounded by
-/// `bound`; returns whether it succeeded, its stdout and its stderr.
+/// Runs `script` (a bench script's path from the project root) with the given arguments and
+/// environment (on top of `BENCH_NO_BUILD=1` and the debug build's picketd and picket-bench),
+/// bounded by `bound`; returns whether it succeeded, its stdout and its stderr.
 async fn run_bench_script(
+    script: &str,
     args: &[&str],
     env: &[(&str, &OsStr)],
     bound: Duration,
@@ -79,7 +93,7 @@ async fn run_bench_script(
         "picket-bench not found at {}: run `cargo build --workspace --bins` first",
         bench.display()
     );
-    let mut cmd = Command::new("scripts/bench-vs-etcd.sh");
+    let mut cmd = Command::new(script);
     cmd.args(args)
         .current_dir(project_root())
         .env("BENCH_NO_BUILD", "1")
@@ -89,18 +103,18 @@ async fn run_bench_script(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let mut child = cmd.spawn().context("could not run scripts/bench-vs-etcd.sh")?;
+    let mut child = cmd.spawn().with_context(|| format!("could not run {script}"))?;
     let pid = child.id().context("the script has no PID")?;
     let stdout = read_all(child.stdout.take());
     let stderr = read_all(child.stderr.take());
     let status = match tokio::time::timeout(bound, child.wait()).await {
-        Ok(status) => status.context("waiting for scripts/bench-vs-etcd.sh")?,
+        Ok(status) => status.with_context(|| format!("waiting for {script}"))?,
         Err(_) => {
             // SIGTERM first: the script's trap then kills, by PID, the members it started,
             // which the SIGKILL of `kill_on_drop` would leave running on the bench's ports.
             let _ = signal::send(pid, Signal::TERM);
             let _ = tokio::time::timeout(TERM_GRACE, child.wait()).await;
-            anyhow::bail!("bench-vs-etcd.sh did not stop within {bound:?}");
+            anyhow::bail!("{script} did not stop within {bound:?}");
         }
     };
     // Bounded: the pipes close once the script has exited, unless something it started
@@ -116,7 +130,8 @@ async fn bench_vs_etcd_refuses_ports_already_in_use() -> Result<()> {
     // Held for the whole test. If something else holds the port already, the script must
     // refuse it all the same, so that is no reason to stop here.
     let _held = TcpListener::bind(("127.0.0.1", TAKEN_PORT)).ok();
-    let (success, stdout, stderr) = run_bench_script(&["1", "1"], &[], SCRIPT_TIMEOUT).await?;
+    let (success, stdout, stderr) =
+        run_bench_script(VS_ETCD, &["1", "1"], &[], SCRIPT_TIMEOUT).await?;
     anyhow::ensure!(!success, "the script ran with port {TAKEN_PORT} taken:\n{stdout}\n{stderr}");
     anyhow::ensure!(
         stderr.contains(&TAKEN_PORT.to_string()) && stderr.contains("already in use"),
@@ -129,7 +144,7 @@ async fn bench_vs_etcd_refuses_ports_already_in_use() -> Result<()> {
     Ok(())
 }
 
-/// The kinds of the rows' lines (`picket`, and `etcd` or in an A/B run `picket-b`) in the order
+/// The kinds of the rows' lines (`picket`, and `etcd`, `rabbitmq` or in an A/B run `picket-b`) in the order
 /// each round printed them, round by round.
 fn kinds_by_round(stdout: &str) -> Vec<Vec<&str>> {
     let mut rounds: Vec<Vec<&str>> = Vec::new();
@@ -139,7 +154,9 @@ fn kinds_by_round(stdout: &str) -> Vec<Vec<&str>> {
         } else if let (Some(kind), Some(round)) =
             (line.split_whitespace().next(), rounds.last_mut())
         {
-            if line.contains("workload=") && ["picket", "picket-b", "etcd"].contains(&kind) {
+            if line.contains("workload=")
+                && ["picket", "picket-b", "etcd", "rabbitmq"].contains(&kind)
+            {
                 round.push(kind);
             }
         }
@@ -169,7 +186,8 @@ async fn bench_ab_runs_both_builds_back_to_back_in_alternating_order() -> Result
         ("BENCH_BASE_PORT", OsStr::new(AB_BASE_PORT)),
         ("BENCH_ONLY", OsStr::new("put-1 lease-hold")),
     ];
-    let (success, stdout, stderr) = run_bench_script(&["1", "2"], &env, AB_TIMEOUT).await?;
+    let (success, stdout, stderr) =
+        run_bench_script(VS_ETCD, &["1", "2"], &env, AB_TIMEOUT).await?;
     anyhow::ensure!(success, "the A/B run failed:\n{stdout}\n{stderr}");
     anyhow::ensure!(!stdout.contains("failed (exit"), "a row failed:\n{stdout}\n{stderr}");
 
@@ -182,10 +200,9 @@ async fn bench_ab_runs_both_builds_back_to_back_in_alternating_order() -> Result
     check_paired_rounds(&stdout, "picket", "picket-b", "B")
 }
 
-/// Checks a two-round run of the rows put-1 and lease-hold: each row ran on both sides back to
-/// back, `first` first in round 1 and `second` first in round 2, and both summary tables have
-/// their row, headed by `main_label` (the side the ratios put on top).
-fn check_paired_rounds(stdout: &str, first: &str, second: &str, main_label: &str) -> Result<()> {
+/// Checks that a two-round run of two rows ran each row on both sides back to back, `first`
+/// first in round 1 and `second` first in round 2.
+fn check_turns(stdout: &str, first: &str, second: &str) -> Result<()> {
     let round1 = [first, second, first, second];
     let round2 = [second, first, second, first];
     let rounds = kinds_by_round(stdout);
@@ -194,6 +211,14 @@ fn check_paired_rounds(stdout: &str, first: &str, second: &str, main_label: &str
         "rows not run {first} then {second} in round 1 and the other way in round 2 \
          ({rounds:?}):\n{stdout}"
     );
+    Ok(())
+}
+
+/// Checks a two-round run of the rows put-1 and lease-hold: each row ran on both sides back to
+/// back, `first` first in round 1 and `second` first in round 2, and both summary tables have
+/// their row, headed by `main_label` (the side the ratios put on top).
+fn check_paired_rounds(stdout: &str, first: &str, second: &str, main_label: &str) -> Result<()> {
+    check_turns(stdout, first, second)?;
     anyhow::ensure!(
         stdout.contains(&format!("| workload | rounds | {main_label} ops/s"))
             && stdout.contains("\n| put-1 | 2 |"),
@@ -213,7 +238,8 @@ async fn bench_vs_etcd_alternates_which_server_runs_first() -> Result<()> {
         ("BENCH_BASE_PORT", OsStr::new(VS_ETCD_BASE_PORT)),
         ("BENCH_ONLY", OsStr::new("put-1 lease-hold")),
     ];
-    let (success, stdout, stderr) = run_bench_script(&["1", "2"], &env, AB_TIMEOUT).await?;
+    let (success, stdout, stderr) =
+        run_bench_script(VS_ETCD, &["1", "2"], &env, AB_TIMEOUT).await?;
     anyhow::ensure!(success, "the run failed:\n{stdout}\n{stderr}");
     anyhow::ensure!(!stdout.contains("failed (exit"), "a row failed:\n{stdout}\n{stderr}");
     check_paired_rounds(&stdout, "picket", "etcd", "Picket")
@@ -223,7 +249,8 @@ async fn bench_vs_etcd_alternates_which_server_runs_first() -> Result<()> {
 async fn bench_vs_etcd_refuses_a_base_port_that_is_not_a_port() -> Result<()> {
     for bad in ["abc", "80", "70000"] {
         let env = [("BENCH_BASE_PORT", OsStr::new(bad))];
-        let (success, stdout, stderr) = run_bench_script(&["1", "1"], &env, SCRIPT_TIMEOUT).await?;
+        let (success, stdout, stderr) =
+            run_bench_script(VS_ETCD, &["1", "1"], &env, SCRIPT_TIMEOUT).await?;
         anyhow::ensure!(!success, "the script ran with BENCH_BASE_PORT={bad}:\n{stdout}\n{stderr}");
         anyhow::ensure!(
             stderr.contains(&format!("BENCH_BASE_PORT={bad} is not a port number")),
@@ -232,6 +259,26 @@ async fn bench_vs_etcd_refuses_a_base_port_that_is_not_a_port() -> Result<()> {
         anyhow::ensure!(
             !stdout.contains("# round 1"),
             "the script started a round before it refused:\n{stdout}\n{stderr}"
+        );
+    }
+    Ok(())
+}
+
+/// `bench-queue.sh` ran Picket first in every round, so RabbitMQ always ran right after Picket's
+/// load (session 48's closing note). Each row now runs on both back to back, in an order that
+/// flips every round, on ports BENCH_BASE_PORT moves out of the test port range.
+#[tokio::test]
+async fn bench_queue_alternates_which_server_runs_first() -> Result<()> {
+    let env = [("BENCH_BASE_PORT", OsStr::new(QUEUE_BASE_PORT))];
+    let (success, stdout, stderr) =
+        run_bench_script("scripts/bench-queue.sh", &["1", "2"], &env, QUEUE_TIMEOUT).await?;
+    anyhow::ensure!(success, "the run failed:\n{stdout}\n{stderr}");
+    anyhow::ensure!(!stdout.contains("failed (exit"), "a row failed:\n{stdout}\n{stderr}");
+    check_turns(&stdout, "picket", "rabbitmq")?;
+    for row in ["cycle-1", "cycle-16"] {
+        anyhow::ensure!(
+            stdout.contains(&format!("\n| {row} | 2 |")),
+            "no summary row for {row}:\n{stdout}"
         );
     }
     Ok(())
