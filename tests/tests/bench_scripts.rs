@@ -49,10 +49,12 @@ const VS_ETCD_BASE_PORT: &str = "19500";
 const QUEUE_BASE_PORT: &str = "19200";
 
 /// Bound on the queue run: a three-node RabbitMQ cluster booted and joined (a dozen CLI calls,
-/// each an Erlang VM of a few seconds), four debug Picket clusters and eight 1 s rows; 2-3
-/// minutes on an idle 2-core machine.
+/// each an Erlang VM of a second or more), four debug Picket clusters and eight 1 s rows; 36-39 s
+/// on this 2-core machine, so the bound leaves room for a loaded CI machine without hiding a
+/// hang.
 const QUEUE_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// The script most tests here run.
 const VS_ETCD: &str = "scripts/bench-vs-etcd.sh";
 
 /// How long a script given SIGTERM has to kill its members (each exits within 10 s of SIGKILL,
@@ -144,8 +146,8 @@ async fn bench_vs_etcd_refuses_ports_already_in_use() -> Result<()> {
     Ok(())
 }
 
-/// The kinds of the rows' lines (`picket`, and `etcd`, `rabbitmq` or in an A/B run `picket-b`) in the order
-/// each round printed them, round by round.
+/// The kinds of the rows' lines (`picket`, and `etcd`, `rabbitmq` or in an A/B run `picket-b`)
+/// in the order each round printed them, round by round.
 fn kinds_by_round(stdout: &str) -> Vec<Vec<&str>> {
     let mut rounds: Vec<Vec<&str>> = Vec::new();
     for line in stdout.lines() {
