@@ -224,7 +224,8 @@ pub async fn start(cfg: Config) -> Result<RunningNode, NodeError> {
     let metrics = Arc::new(Metrics::new(node_id)?);
     let log_store = LogStore::new(engine.db().clone())?
         .with_metrics(metrics.disk())
-        .with_acked_record(acked.clone());
+        .with_acked_record(acked.clone())
+        .with_own_id(node_id);
     let (last_index, vote_term) = log_store.recovered_position()?;
     if let Err(e) = wal_tail::verify(&acked, last_index, vote_term) {
         return Err(corrupt(e.to_string()));

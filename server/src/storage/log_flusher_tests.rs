@@ -39,6 +39,23 @@ fn open() -> Log {
     Log { _dir: dir, store, acked }
 }
 
+/// A log on member 1, which wrote `blank`'s entries as the leader.
+fn open_member_1() -> Log {
+    let log = open();
+    Log { store: log.store.with_own_id(1), ..log }
+}
+
+/// Blocks the runtime's thread (no task runs meanwhile) until `rx` is answered, at most 10 s.
+fn block_until_answered(rx: &mut Done) -> bool {
+    for _ in 0..1000 {
+        if rx.try_recv().is_ok() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
+}
+
 #[tokio::test]
 async fn appends_are_readable_at_once_and_acknowledged_in_order() {
     let mut log = open();
@@ -128,4 +145,60 @@ fn dropping_the_flusher_waits_until_its_thread_has_ended() {
     );
     // And the database is closed: the same process opens it again at once.
     RocksEngine::open(&path).expect("reopen the database after the flusher stopped");
+}
+
+/// The leader's own append wakes the flusher only once the runtime has run what was ready (the
+/// replication sends, in a member): while the runtime's thread stays busy it is not synced, and
+/// once the runtime can poll again it is. A follower's append (another leader's entries) wakes
+/// the flusher at once. Before `push_after_sends`, the own append was synced while the thread
+/// was still blocked (the first assertion failed).
+#[tokio::test(flavor = "current_thread")]
+async fn the_leaders_own_append_is_synced_after_the_runtime_ran_its_ready_tasks() {
+    let mut log = open_member_1();
+    log.store.flusher().wait_until_idle_for_test();
+    let (cb, mut rx) = callback();
+    log.store.append([blank(1)], cb).await.expect("append");
+    // No task runs while this thread sleeps; a sync takes milliseconds.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(rx.try_recv().is_err(), "the leader's own append was synced before the runtime polled");
+    let done = tokio::time::timeout(Duration::from_secs(10), rx).await;
+    assert!(matches!(done, Ok(Ok(Ok(())))), "synced once the runtime ran the deferred wake");
+
+    log.store.flusher().wait_until_idle_for_test();
+    let (cb, mut rx) = callback();
+    let theirs = Entry { log_id: log_id(2, 2, 2), payload: EntryPayload::Blank };
+    log.store.append([theirs], cb).await.expect("append");
+    assert!(block_until_answered(&mut rx), "another leader's entries are synced at once");
+}
+
+/// A truncation drains the flusher on the runtime's thread, which then cannot run a deferred
+/// wake: the drain must wake the flusher itself, or it waits out its 30 s bound and fails.
+#[tokio::test(flavor = "current_thread")]
+async fn a_drain_does_not_wait_for_a_deferred_wake() {
+    let mut log = open_member_1();
+    log.store.flusher().wait_until_idle_for_test();
+    let (cb, rx) = callback();
+    log.store.append([blank(1), blank(2), blank(3)], cb).await.expect("append");
+    let started = std::time::Instant::now();
+    log.store.truncate_after(Some(log_id(1, 1, 2))).await.expect("truncate");
+    assert!(started.elapsed() < Duration::from_secs(10), "the drain waited for the runtime");
+    assert!(matches!(rx.await, Ok(Ok(()))), "the append was synced by the drain's wake");
+    assert_eq!(log.acked.current().log_index, 2, "record lowered to the truncation");
+}
+
+/// The deferred wake is a task; a runtime that shuts down before polling it drops it, and the
+/// drop must still wake the flusher, or the append (and every later own append, which finds a
+/// wake already scheduled) would never be synced.
+#[test]
+fn a_deferred_wake_dropped_unpolled_still_wakes_the_flusher() {
+    let mut log = open_member_1();
+    log.store.flusher().wait_until_idle_for_test();
+    let (cb, mut rx) = callback();
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().build().expect("a current-thread runtime");
+    // The append completes without yielding, so `block_on` returns before the runtime polls
+    // the wake it spawned; dropping the runtime drops that task.
+    runtime.block_on(log.store.append([blank(1)], cb)).expect("append");
+    drop(runtime);
+    assert!(block_until_answered(&mut rx), "the append was never synced");
 }

@@ -46,6 +46,9 @@ pub struct LogStore {
     acked: Option<super::wal_tail::AckedRecord>,
     /// When `save_committed` last wrote (openraft calls it on the one store it owns).
     committed_saved_at: Option<Instant>,
+    /// This member's id: entries it wrote as the leader wake the flusher after the sends
+    /// (`LogFlusher::push_after_sends`). None offline.
+    own_id: Option<crate::raft::types::NodeId>,
 }
 
 fn index_key(index: u64) -> [u8; 8] {
@@ -76,7 +79,15 @@ impl LogStore {
             disk: None,
             acked: None,
             committed_saved_at: None,
+            own_id: None,
         })
+    }
+
+    /// Names this member, so the entries it appends as the leader are synced after its
+    /// replication sends them (`LogFlusher::push_after_sends`).
+    pub fn with_own_id(mut self, id: crate::raft::types::NodeId) -> Self {
+        self.own_id = Some(id);
+        self
     }
 
     /// The flusher that syncs this log's appends.
@@ -347,10 +358,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = WriteBatch::default();
         let mut last_index = None;
         let mut written = Vec::new();
+        // Whether every entry is one this member wrote as the leader (its id in the log id).
+        let mut own = self.own_id.is_some();
         for entry in entries {
             let bytes = postcard::to_allocvec(&entry).map_err(|e| io_err("write logs", e))?;
             batch.put_cf(cf, index_key(entry.log_id.index), &bytes);
             last_index = Some(entry.log_id.index);
+            own &= Some(entry.log_id.leader_id.node_id) == self.own_id;
             written.push((entry, bytes.len()));
         }
         // Not synced here: the entries are readable once written, which is all openraft 0.10
@@ -365,7 +379,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // Readable from memory as from RocksDB, and as unsynced: readers may replicate and
         // apply it only under openraft's rules, which wait for the flush where they must.
         self.tail.appended(written);
-        self.flusher.push(last_index, callback)
+        if own {
+            self.flusher.push_after_sends(last_index, callback)
+        } else {
+            self.flusher.push(last_index, callback)
+        }
     }
 
     async fn truncate_after(&mut self, last_kept: Option<LogId>) -> Result<(), StorageError> {

@@ -104,9 +104,20 @@ struct Inner {
     vote_term: AtomicU64,
     /// Guards the file and what was last written to it.
     file: Mutex<RecordFile>,
-    /// Wakes the writer thread (paired with `pending`).
-    pending: Mutex<bool>,
+    /// Wakes the writer thread (paired with `poke`).
+    poke: Mutex<Poke>,
     wake: Condvar,
+}
+
+/// What the writer thread has been asked to do, and whether it waits to be asked.
+#[derive(Default)]
+struct Poke {
+    /// There are newer values to record.
+    pending: bool,
+    /// The writer waits on `wake`: a poke must wake it. Otherwise it is writing or pacing
+    /// itself and looks at `pending` before it waits again, so the wake (a system call on every
+    /// log sync) is skipped.
+    waiting: bool,
 }
 
 /// The acknowledged-position record (see the module docs). Cheap to clone.
@@ -180,7 +191,7 @@ impl AckedRecord {
             log_index: AtomicU64::new(acked.log_index),
             vote_term: AtomicU64::new(acked.vote_term),
             file: Mutex::new(RecordFile { file, seq, written: acked }),
-            pending: Mutex::new(false),
+            poke: Mutex::new(Poke::default()),
             wake: Condvar::new(),
         });
         let weak = Arc::downgrade(&inner);
@@ -233,9 +244,13 @@ impl AckedRecord {
     }
 
     fn poke(&self) {
-        let mut pending = self.inner.pending.lock().unwrap_or_else(|p| p.into_inner());
-        *pending = true;
-        self.inner.wake.notify_one();
+        let mut poke = self.inner.poke.lock().unwrap_or_else(|p| p.into_inner());
+        poke.pending = true;
+        let wake = poke.waiting;
+        drop(poke);
+        if wake {
+            self.inner.wake.notify_one();
+        }
     }
 }
 
@@ -269,13 +284,15 @@ fn writer(weak: Weak<Inner>) {
     loop {
         let Some(inner) = weak.upgrade() else { return };
         {
-            let pending = inner.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let mut poke = inner.poke.lock().unwrap_or_else(|p| p.into_inner());
+            poke.waiting = true;
             // The timeout only lets the thread notice that every handle was dropped.
-            let (mut pending, _) = inner
+            let (mut poke, _) = inner
                 .wake
-                .wait_timeout_while(pending, Duration::from_secs(1), |p| !*p)
+                .wait_timeout_while(poke, Duration::from_secs(1), |p| !p.pending)
                 .unwrap_or_else(|p| p.into_inner());
-            *pending = false;
+            poke.waiting = false;
+            poke.pending = false;
         }
         {
             let mut file = inner.file.lock().unwrap_or_else(|p| p.into_inner());

@@ -161,3 +161,28 @@ fn the_writer_thread_catches_up_without_a_flush() {
     }
     panic!("the writer thread never recorded index 42");
 }
+
+/// A poke while the writer paces itself (between two writes) does not wake it, and must not be
+/// lost: the writer records it once its interval is over.
+#[test]
+fn a_poke_while_the_writer_paces_itself_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(ACKED_FILE);
+    let r = AckedRecord::open(&path).unwrap();
+    let recorded = |index: u64| {
+        // Bounded wait for the background write (no timing assertion: only an upper bound).
+        for _ in 0..200 {
+            if read_record(&path).unwrap().1.log_index == index {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    };
+    for index in [5, 9, 12] {
+        // Right after a write the writer sleeps `RECORD_INTERVAL`, so each poke but the first
+        // lands while it paces.
+        r.acked_log(index);
+        assert!(recorded(index), "the writer thread never recorded index {index}");
+    }
+}
