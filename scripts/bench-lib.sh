@@ -1,5 +1,6 @@
-# Shell functions the side-by-side benchmark scripts share (sourced by scripts/bench-vs-etcd.sh
-# and scripts/bench-queue.sh, from the project root). The variables bench_prelude sets are used by
+# Shell functions the benchmark scripts share (sourced by scripts/bench-vs-etcd.sh,
+# scripts/bench-queue.sh, scripts/per-member-cpu.sh and, through scripts/cluster-lib.sh,
+# scripts/hop-trace.sh, from the project root). The variables bench_prelude sets are used by
 # those scripts, which shellcheck, looking at this file alone, cannot see.
 # shellcheck shell=bash disable=SC2034
 
@@ -143,4 +144,25 @@ base_port() { # default
 # its cache misses, a loaded host's slow minute).
 in_turn() { # round first other
   if [ $(($1 % 2)) = 1 ]; then echo "$2 $3"; else echo "$3 $2"; fi
+}
+
+# Waits until a three-member cluster is ready to measure: a write through its endpoints commits
+# (bounded: 60 x 0.5 s), then every member answers `endpoint health` (20 x 0.5 s each), since a
+# member that failed to start would otherwise show up only as client errors in the figures. On
+# a member that never answers, prints its name and the last lines of the given logs and fails.
+wait_ready() { # endpoints(comma-separated) log...
+  local eps=$1 ep ok _
+  shift
+  for _ in $(seq 60); do
+    ETCDCTL_API=3 etcdctl --endpoints="$eps" put ready 1 >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  for ep in ${eps//,/ }; do
+    ok=""
+    for _ in $(seq 20); do
+      ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
+      sleep 0.5
+    done
+    [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$@" >&2; return 1; }
+  done
 }

@@ -83,7 +83,7 @@ picket_eps="http://127.0.0.1:$((PB + 10)),http://127.0.0.1:$((PB + 20)),http://1
 picket_pids=()
 picket_n=0
 start_picket() {
-  local cluster="" i c p ep ok _
+  local cluster="" i c p
   picket_n=$((picket_n + 1))
   picket_pids=()
   # shellcheck disable=SC2046 # word splitting wanted: member_ports prints port numbers
@@ -99,20 +99,8 @@ start_picket() {
     pids+=($!)
     picket_pids+=($!)
   done
-  # Readiness: a committed write (bounded: 60 x 0.5 s), then every member healthy (20 x 0.5 s
-  # each), as bench-vs-etcd.sh.
-  for _ in $(seq 60); do
-    ETCDCTL_API=3 etcdctl --endpoints="$picket_eps" put ready 1 >/dev/null 2>&1 && break
-    sleep 0.5
-  done
-  for ep in ${picket_eps//,/ }; do
-    ok=""
-    for _ in $(seq 20); do
-      ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
-      sleep 0.5
-    done
-    [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$root/picket$picket_n"-n*.log >&2; exit 1; }
-  done
+  # Readiness, as bench-vs-etcd.sh (bench-lib.sh's wait_ready).
+  wait_ready "$picket_eps" "$root/picket$picket_n"-n*.log || exit 1
 }
 # Kills the members (bench-lib.sh's kill_members: bounded, quiet, forgotten) and removes their
 # data.

@@ -138,24 +138,9 @@ start_clusters() { # tag
   picket_pids=("${started[@]}")
   start_cluster "$other" $EB
   other_pids=("${started[@]}")
-  local base ep ok _
-  # Wait (bounded: 60 x 0.5 s) until both clusters commit a write.
-  for base in $PB $EB; do
-    for _ in $(seq 60); do
-      ETCDCTL_API=3 etcdctl --endpoints="$(eps "$base")" put ready 1 >/dev/null 2>&1 && break
-      sleep 0.5
-    done
-  done
-  # Every member must answer before anything is measured: a member that failed to start would
-  # otherwise show up only as client errors in the figures. Bounded: 20 x 0.5 s per member.
-  for ep in $(eps $PB | tr , ' ') $(eps $EB | tr , ' '); do
-    ok=""
-    for _ in $(seq 20); do
-      ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
-      sleep 0.5
-    done
-    [ -n "$ok" ] || { echo "member $ep did not come up; its log:" >&2; tail -n 20 "$root/$tag"-*-n*.log >&2; exit 1; }
-  done
+  # Both clusters committed a write and every member answers (bench-lib.sh's wait_ready).
+  wait_ready "$(eps $PB)" "$root/$tag"-*-n*.log || exit 1
+  wait_ready "$(eps $EB)" "$root/$tag"-*-n*.log || exit 1
 }
 # Kills both clusters' members by PID (SIGKILL: their data is about to be removed, so there is
 # nothing to shut down cleanly), waits until each has exited (its ports and memory are then free

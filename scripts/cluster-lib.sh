@@ -3,6 +3,9 @@
 # `root` (a temp dir) and an empty array `pids`, and traps cluster_cleanup on exit.
 # shellcheck shell=bash disable=SC2034
 
+# shellcheck source=scripts/bench-lib.sh
+. scripts/bench-lib.sh
+
 # Kills every process this script started (by PID: members and loads) and removes the temp dir.
 cluster_cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
@@ -13,9 +16,9 @@ cluster_cleanup() {
 # cluster_start <picketd> <base port> [picketd args...]: members n1..n3 with client ports
 # base+10, base+20, base+30 (peer ports one above), data and logs under $root; their PIDs are
 # appended to `pids` and their client URLs set in `eps`. Returns once a write committed and each
-# member reports healthy; bounded: 60 x 0.5 s for the first commit, then 20 x 0.5 s per member.
+# member reports healthy (bench-lib.sh's wait_ready, bounded), or fails naming the member.
 cluster_start() {
-  local bin=$1 base=$2 cluster="" i c p ep ok
+  local bin=$1 base=$2 cluster="" i c p
   shift 2
   for i in 1 2 3; do cluster+="${cluster:+,}n$i=http://127.0.0.1:$((base + 10 * i + 1))"; done
   for i in 1 2 3; do
@@ -27,13 +30,5 @@ cluster_start() {
     pids+=($!)
   done
   eps="http://127.0.0.1:$((base + 10)),http://127.0.0.1:$((base + 20)),http://127.0.0.1:$((base + 30))"
-  for _ in $(seq 60); do ETCDCTL_API=3 etcdctl --endpoints="$eps" put ready 1 >/dev/null 2>&1 && break; sleep 0.5; done
-  for ep in ${eps//,/ }; do
-    ok=""
-    for _ in $(seq 20); do
-      ETCDCTL_API=3 etcdctl --endpoints="$ep" endpoint health >/dev/null 2>&1 && { ok=1; break; }
-      sleep 0.5
-    done
-    [ -n "$ok" ] || { echo "member $ep did not come up (logs in $root)" >&2; return 1; }
-  done
+  wait_ready "$eps" "$root"/n*.log
 }

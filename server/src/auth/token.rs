@@ -45,9 +45,10 @@ pub const CLOCK_TOLERANCE_SECS: u64 = 30;
 /// milliseconds, the issuing member's clock) that must live `ttl` (at least 1 s).
 ///
 /// A verifier reads its clock in whole seconds, rounded down, and refuses the token from its
-/// expiry second on. So the expiry is rounded up: the token lives from `ttl` to `ttl` + 1 s. An
-/// expiry counted from the issue second rounded down let a 1 s token signed at x.999 s live 1 ms.
-/// The issue time is rounded down, as a verifier's clock is, for the skew check.
+/// expiry second on. So the expiry is rounded up: the token lives at least `ttl`, and less than
+/// `ttl` + 1 s. An expiry counted from the issue second rounded down let a 1 s token signed at
+/// x.999 s live 1 ms. The issue time is rounded down, as a verifier's clock is, for the skew
+/// check.
 pub fn lifetime(now_ms: u64, ttl: std::time::Duration) -> (u64, u64) {
     let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1000);
     (now_ms / 1000, now_ms.saturating_add(ttl_ms).div_ceil(1000))
