@@ -15,8 +15,9 @@ cd "$(dirname "$0")/.."
 [ $# -eq 5 ] || { sed -n 2,12p "$0" >&2; exit 2; }
 bin=$1; wl=$2; clients=$3; conns=$4; secs=$5
 read -ra extra <<<"${BENCH_ARGS:-}"
-# shellcheck source=scripts/bench-lib.sh
-. scripts/bench-lib.sh
+# cluster_start and, through it, bench-lib.sh's base_port, ports_free and wait_ready.
+# shellcheck source=scripts/cluster-lib.sh
+. scripts/cluster-lib.sh
 base_port 23000
 # shellcheck disable=SC2046 # word splitting wanted: member_ports prints port numbers
 ports_free $(member_ports "$PB")
@@ -24,8 +25,6 @@ member_args=()
 [ "$(basename "$bin")" = etcd ] || member_args=(--runtime-threads "${PICKET_RUNTIME_THREADS:-1}")
 root=$(mktemp -d /tmp/picket-cpu.XXXXXX)
 pids=()
-# shellcheck source=scripts/cluster-lib.sh
-. scripts/cluster-lib.sh
 trap cluster_cleanup EXIT INT TERM
 cluster_start "$bin" "$PB" "${member_args[@]}"
 snap() { # pid tid comm cpu_ticks context_switches, one line per thread of every member

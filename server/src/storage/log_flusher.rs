@@ -27,7 +27,7 @@
 use std::sync::mpsc::RecvTimeoutError;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use openraft::storage::IOFlushed;
 use rocksdb::DB;
@@ -205,7 +205,6 @@ impl LogFlusher {
     /// before a truncation, so a late acknowledgement cannot raise the `wal_tail` record above
     /// the truncated log.
     pub fn drain(&self) -> std::io::Result<()> {
-        let deadline = Instant::now() + DRAIN_TIMEOUT;
         let mut state = lock(&self.inner.state);
         // A deferred wake may not have run yet (and cannot, if the runtime is blocked on this
         // call): the thread must see the queue now.
@@ -213,21 +212,18 @@ impl LogFlusher {
             self.inner.work.notify_one();
         }
         state.drainers += 1;
-        while !state.queue.is_empty() || state.flushing {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                state.drainers -= 1;
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "raft log sync did not finish within 30 s",
-                ));
-            }
-            state = match self.inner.idle.wait_timeout(state, left) {
-                Ok((s, _)) => s,
-                Err(p) => p.into_inner().0,
-            };
-        }
+        let (mut state, waited) = self
+            .inner
+            .idle
+            .wait_timeout_while(state, DRAIN_TIMEOUT, |s| !s.queue.is_empty() || s.flushing)
+            .unwrap_or_else(|p| p.into_inner());
         state.drainers -= 1;
+        if waited.timed_out() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "raft log sync did not finish within 30 s",
+            ));
+        }
         match &state.poisoned {
             Some(e) => Err(std::io::Error::other(format!("raft log sync failed: {e}"))),
             None => Ok(()),
