@@ -22,8 +22,11 @@
 # from /proc), the machine's busy share over the window (from /proc/stat, steal included) and the
 # servers' summed resident memory (peak of samples every 0.5 s, median over rounds).
 #
-# Binaries: picketd from ${CARGO_TARGET_DIR:-target}/release (PICKETD_BIN overrides it),
-# picket-bench likewise (BENCH_BIN); BENCH_NO_BUILD=1 skips `cargo build --workspace --release`.
+# Binaries: the script builds the workspace in release and then a profile-guided picketd
+# (scripts/build-pgo.sh, under ${CARGO_TARGET_DIR:-target}/pgo) and runs that; BENCH_PGO=0
+# runs the plain ${CARGO_TARGET_DIR:-target}/release/picketd instead, PICKETD_BIN another build.
+# picket-bench comes from the release dir (BENCH_BIN overrides it). BENCH_NO_BUILD=1 builds
+# nothing and runs the plain picketd already built unless PICKETD_BIN names another.
 # RABBITMQ_BIN_DIR (default /usr/lib/rabbitmq/bin) holds the unwrapped rabbitmq-server and
 # rabbitmqctl: Debian's /usr/sbin wrappers switch to the rabbitmq user and its /var/lib dirs.
 # RABBIT_ERL_ARGS adds Erlang VM flags to the three nodes (RabbitMQ's defaults already turn off

@@ -24,8 +24,11 @@
 # that is what "RSS after the put x64 rounds" measures, the memory after accumulated history.
 # Each round's second line names the members' PIDs and the revision each cluster starts it at.
 #
-# Binaries: picketd from ${CARGO_TARGET_DIR:-target}/release (PICKETD_BIN overrides it),
-# picket-bench likewise (BENCH_BIN); BENCH_NO_BUILD=1 skips `cargo build --workspace --release`.
+# Binaries: the script builds the workspace in release and then a profile-guided picketd
+# (scripts/build-pgo.sh, under ${CARGO_TARGET_DIR:-target}/pgo) and runs that; BENCH_PGO=0
+# runs the plain ${CARGO_TARGET_DIR:-target}/release/picketd instead, PICKETD_BIN another build.
+# picket-bench comes from the release dir (BENCH_BIN overrides it). BENCH_NO_BUILD=1 builds
+# nothing and runs the plain picketd already built unless PICKETD_BIN names another.
 #
 # A/B of two Picket builds (issue 20: "report what each change bought, A/B back to back on the
 # same machine"): BENCH_B_PICKETD=<picketd> runs that build in place of etcd, as kind `picket-b`
