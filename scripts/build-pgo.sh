@@ -130,5 +130,10 @@ n=$(find "$raw" -name '*.profraw' | wc -l)
 profile="$pgo/picketd-$(sha256sum "$pgo/merged.profdata" | cut -c1-16).profdata"
 rm -f "$pgo"/picketd-*.profdata
 mv "$pgo/merged.profdata" "$profile"
+# A new profile changes every crate's flags, and cargo keeps each flag set's artifacts beside
+# the last (about 3 GB a build here, 13 GB after four runs). Nothing built with an older
+# profile can be reused, so its artifacts go; build scripts and proc macros (built without the
+# flag, outside the target triple's dir) stay.
+rm -rf "${pgo:?}/use/$triple"
 pgo_build use "-Cprofile-use=$profile"
 echo "$pgo/use/$triple/release/picketd" >&3
