@@ -90,8 +90,18 @@ exited() { # pid
 # Kills the given members by PID (SIGKILL: their data is about to be removed, so there is
 # nothing to shut down cleanly), waits until each has exited (its ports and memory are then free
 # for the next cluster's members), reaps and forgets them.
+# True once process $1 has exited (see `exited`), checked every 0.1 s for at most $2 tenths of
+# a second; false if it is still running then.
+await_exit() { # pid tenths
+  local _
+  for _ in $(seq "$2"); do
+    exited "$1" && return 0
+    sleep 0.1
+  done
+  exited "$1"
+}
 kill_members() { # pid...
-  local p gone _ stuck=""
+  local p stuck=""
   # Quiet: bash would report every member as a job killed by a signal.
   {
     for p in "$@"; do kill -9 "$p" || true; done
@@ -100,12 +110,7 @@ kill_members() { # pid...
       # it is scheduled, unless it sits in an uninterruptible wait (an fsync in flight), which on
       # a local disk ends well within 10 s. Past that the script stops rather than start the
       # next cluster beside a member that still holds its ports and memory.
-      gone=""
-      for _ in $(seq 100); do
-        exited "$p" && { gone=1; break; }
-        sleep 0.1
-      done
-      [ -n "$gone" ] || { stuck=$p; break; }
+      await_exit "$p" 100 || { stuck=$p; break; }
       # Returns at once: the member has exited (this reaps its zombie or reads the status bash
       # kept when it reaped it).
       wait "$p" || true

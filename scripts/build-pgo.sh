@@ -116,9 +116,8 @@ train queue-cycle 16 16 --queue train-c16 --value-size 64 --prefill 16
 for p in "${members[@]}"; do kill -TERM "$p"; done
 for p in "${members[@]}"; do
   # Bounded: a member's graceful shutdown hands leadership over within
-  # --shutdown-transfer-timeout and then closes its listeners; 60 x 0.5 s is well past that.
-  for _ in $(seq 60); do exited "$p" && break; sleep 0.5; done
-  exited "$p" || { echo "$0: member PID $p has not exited 30 s after SIGTERM" >&2; exit 1; }
+  # --shutdown-transfer-timeout and then closes its listeners; 30 s is well past that.
+  await_exit "$p" 300 || { echo "$0: member PID $p has not exited 30 s after SIGTERM" >&2; exit 1; }
   wait "$p" || { echo "$0: member PID $p exited with a failure status" >&2; exit 1; }
 done
 forget "${members[@]}"
